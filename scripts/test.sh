@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Sets everything up from a fresh machine and runs the whole test suite (GPU tests skip without CUDA).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if command -v nvcc >/dev/null; then
+  bash scripts/compile_csrc.sh   # compile-only check of every kernel for sm_90 and sm_100
+fi
+.venv/bin/python -m pytest "$@"
