@@ -1,0 +1,50 @@
+"""Errors a user can cause. Each one's `str()` is the whole message, so the CLI prints it without a traceback."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class FarmError(Exception):
+    """Base class: something the user can fix (a manifest, a path, a cluster address)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One manifest error: where it is and what rule it breaks."""
+
+    line: int | None  # 1-based; None when the error is about the whole file
+    where: str  # `jobs[2] (id=extend) -> size`
+    message: str  # `1000 is not a multiple of 16`
+
+    def render(self, filename: str) -> str:
+        place = f"{filename}:{self.line}" if self.line else filename
+        return f"{place}: {self.where}: {self.message}" if self.where else f"{place}: {self.message}"
+
+
+class ManifestError(FarmError):
+    """Every problem found in one manifest, reported together."""
+
+    def __init__(self, path: Path | str, problems: list[Problem]):
+        self.path = Path(path)
+        # One bad value in `defaults` breaks every job inheriting it: report it once.
+        self.problems = sorted(set(problems), key=lambda p: (p.line or 0, p.where, p.message))
+        super().__init__(self._text())
+
+    def _text(self) -> str:
+        count = len(self.problems)
+        header = f"{count} error{'s' if count != 1 else ''} in {self.path.name}"
+        return "\n".join([header, *(p.render(self.path.name) for p in self.problems)])
+
+
+class ClusterError(FarmError):
+    """The driver could not get workers: no cluster at the address, no GPUs of the asked type, none started."""
+
+
+class StateError(FarmError):
+    """An output root holds no farm records, or not the ones a command needs."""
+
+
+class WorkerConfigError(FarmError):
+    """A worker refuses its model configuration (defence in depth behind manifest validation)."""
