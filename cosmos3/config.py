@@ -1,0 +1,196 @@
+"""Typed views of a Cosmos3 ``transformer/config.json`` and its ``quantization_config``.
+
+This module is torch-free so the farm driver can validate manifests against a checkpoint
+without a GPU stack. Values we cannot run exactly are refused here, once, with the fix.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from cosmos3.errors import ConfigError
+
+PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """The parts of ``quantization_config`` that decide how Linears compute (reference §5.3)."""
+
+    quant_method: str
+    quant_algo: str
+    static_input: bool  # config_groups.*.input_activations.dynamic == false
+    weight_only: bool
+    ignore: tuple[str, ...] = ()  # globs in the checkpoint namespace
+    modules_to_not_convert: tuple[str, ...] = ()  # name components or prefixes
+    runtime: dict | None = None  # raw ``runtime``; step_precision.py parses it strictly
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> QuantConfig:
+        groups = raw.get("config_groups") or {}
+        static_input = bool(groups) and all(
+            g.get("input_activations") is not None and g["input_activations"].get("dynamic") is False
+            for g in groups.values()
+        )
+        return cls(
+            quant_method=str(raw.get("quant_method", "")),
+            quant_algo=str(raw.get("quant_algo", "")),
+            static_input=static_input,
+            weight_only=bool(raw.get("weight_only", False)),
+            ignore=tuple(raw.get("ignore") or ()),
+            modules_to_not_convert=tuple(raw.get("modules_to_not_convert") or ()),
+            runtime=raw.get("runtime"),
+        )
+
+    def is_ignored(self, module_name: str) -> bool:
+        """True when ``module_name`` (checkpoint namespace, e.g. ``layers.3.mlp.down_proj``) stays high precision."""
+        first = module_name.split(".")[0]
+        for pattern in self.ignore:
+            if fnmatch.fnmatchcase(module_name, pattern) or fnmatch.fnmatchcase(first, pattern):
+                return True
+        parts = module_name.split(".")
+        return any(name in parts or module_name.startswith(name + ".") for name in self.modules_to_not_convert)
+
+
+def uses_static_fp8(config: Cosmos3Config | QuantConfig | dict | None) -> bool:
+    """The one predicate for ModelOpt static per-tensor FP8 (W8A8 with calibrated input scales).
+
+    Accepts a parsed config, a QuantConfig, a raw config.json dict or a raw quantization_config dict.
+    """
+    if isinstance(config, Cosmos3Config):
+        config = config.quantization
+    elif isinstance(config, dict):
+        raw = config.get("quantization_config", config)
+        config = QuantConfig.from_dict(raw) if raw else None
+    if config is None:
+        return False
+    return (
+        config.quant_method == "modelopt"
+        and "FP8" in config.quant_algo
+        and config.static_input
+        and not config.weight_only
+    )
+
+
+@dataclass(frozen=True)
+class Cosmos3Config:
+    """``Cosmos3OmniTransformer`` config.json; defaults are the published Nano values (reference §2.1)."""
+
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    rms_norm_eps: float = 1e-6
+    vocab_size: int = 151936
+    rope_theta: float = 5_000_000.0
+    rope_axes_dim: tuple[int, int, int] = (24, 20, 20)  # mrope_section: T, H, W frequency counts
+    position_embedding_type: str = "unified_3d_mrope"
+    unified_3d_mrope_reset_spatial_ids: bool = True
+    unified_3d_mrope_temporal_modality_margin: int = 15000
+    latent_channel: int = 48
+    latent_patch_size: int = 2
+    patch_latent_dim: int = 192  # latent_channel * latent_patch_size**2
+    timestep_scale: float = 0.001
+    base_fps: float = 24.0
+    enable_fps_modulation: bool = True
+    qk_norm_for_text: bool = True
+    use_und_k_norm_for_gen: bool = False
+    joint_attn_implementation: str = "two_way"
+    sound_gen: bool = False
+    sound_dim: int | None = None
+    sound_latent_fps: float = 25.0
+    action_gen: bool = False
+    action_dim: int | None = None
+    num_embodiment_domains: int = 32
+    quantization: QuantConfig | None = None
+    extra: dict = field(default_factory=dict, compare=False)  # keys we read but do not use
+
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Cosmos3Config:
+        names = {f.name for f in fields(cls)} - {"quantization", "extra"}
+        values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}
+        rope = raw.get("rope_scaling") or {}
+        if "rope_axes_dim" not in values and "mrope_section" in rope:
+            values["rope_axes_dim"] = rope["mrope_section"]
+        if "rope_axes_dim" in values:
+            values["rope_axes_dim"] = tuple(int(v) for v in values["rope_axes_dim"])
+        quant = raw.get("quantization_config")
+        values["quantization"] = QuantConfig.from_dict(quant) if quant else None
+        values["extra"] = {k: v for k, v in raw.items() if k not in names}
+        config = cls(**values)
+        config.validate()
+        return config
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Cosmos3Config:
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no transformer config.json here (pass the checkpoint root or its transformer/ dir)")
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: not valid JSON ({err})") from None
+        try:
+            return cls.from_dict(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: {err}") from None
+
+    def validate(self) -> None:
+        """Refuse every config value this implementation does not compute exactly."""
+        if self.hidden_act != "silu":
+            raise ConfigError(
+                f"hidden_act={self.hidden_act!r} (the Cosmos3-Edge relu2 backbone) is not supported yet; "
+                "only the Nano/Super 'silu' backbone is"
+            )
+        if self.joint_attn_implementation != "two_way":
+            raise ConfigError(
+                f"joint_attn_implementation={self.joint_attn_implementation!r} is not supported; only 'two_way' is"
+            )
+        if self.position_embedding_type != "unified_3d_mrope":
+            raise ConfigError(
+                f"position_embedding_type={self.position_embedding_type!r} is not supported; "
+                "only 'unified_3d_mrope' is"
+            )
+        if not self.qk_norm_for_text or self.use_und_k_norm_for_gen:
+            raise ConfigError("only qk_norm_for_text=true with use_und_k_norm_for_gen=false (Nano/Super) is supported")
+        if not self.unified_3d_mrope_reset_spatial_ids:
+            raise ConfigError("unified_3d_mrope_reset_spatial_ids=false is not supported; the published value is true")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.patch_latent_dim != self.latent_channel * self.latent_patch_size**2:
+            raise ConfigError(
+                f"patch_latent_dim={self.patch_latent_dim} must equal latent_channel*latent_patch_size^2 = "
+                f"{self.latent_channel * self.latent_patch_size ** 2}"
+            )
+        if self.sound_gen and not self.sound_dim:
+            raise ConfigError("sound_gen=true needs sound_dim")
+        if self.action_gen and not self.action_dim:
+            raise ConfigError("action_gen=true needs action_dim")
+
+
+def check_parallel(config: Cosmos3Config | QuantConfig | dict | None, parallel: dict[str, int] | None) -> None:
+    """Refuse static FP8 with any parallel axis above 1: static FP8 runs one GPU per worker.
+
+    Defence in depth: the manifest validator calls this before Ray starts, the worker again at load.
+    """
+    if not parallel or not uses_static_fp8(config):
+        return
+    for axis in PARALLEL_AXES:
+        size = parallel.get(axis, 1)
+        if size != 1:
+            raise ConfigError(f"static FP8 runs one GPU per worker; got parallel.{axis}={size} (set it to 1)")

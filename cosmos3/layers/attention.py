@@ -1,0 +1,101 @@
+"""MoT joint attention: UND causal over text; GEN queries over ``[K_und ; K_gen]``.
+
+Attribute names are the checkpoint's: ``to_q/to_k/to_v/to_out`` + ``norm_q/norm_k`` are the
+UND tower, ``add_q_proj/add_k_proj/add_v_proj/to_add_out`` + ``norm_added_q/norm_added_k`` the
+GEN tower. BF16 and dynamic FP8 fuse each tower's Q/K/V into one Linear (``to_qkv`` /
+``add_qkv_proj``); static FP8 keeps them split and quantizes their shared input once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cosmos3.layers.linear import Linear, quantize_shared_input, validate_shared_input_scales
+from cosmos3.layers.norm import RMSNorm
+from cosmos3.layers.rope import apply_rope
+
+# make_linear(checkpoint_name, in_features, out_features, shard_keys) -> Linear
+LinearFactory = Callable[..., Linear]
+
+
+@dataclass(frozen=True)
+class Tower:
+    """Checkpoint names of one tower's attention parameters."""
+
+    q: str
+    k: str
+    v: str
+    out: str
+    norm_q: str
+    norm_k: str
+    fused_qkv: str
+
+
+UND = Tower("to_q", "to_k", "to_v", "to_out", "norm_q", "norm_k", fused_qkv="to_qkv")
+GEN = Tower("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "norm_added_q", "norm_added_k", "add_qkv_proj")
+
+
+class MoTAttention(nn.Module):
+    def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+                 split_qkv: bool, make_linear: LinearFactory, dtype: torch.dtype):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.split_qkv = split_qkv
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        for tower in (UND, GEN):
+            if split_qkv:
+                for name, width in ((tower.q, q_dim), (tower.k, kv_dim), (tower.v, kv_dim)):
+                    setattr(self, name, make_linear(name, hidden_size, width))
+            else:
+                fused = make_linear(tower.fused_qkv, hidden_size, (q_dim, kv_dim, kv_dim),
+                                    shard_keys=(tower.q, tower.k, tower.v))
+                setattr(self, tower.fused_qkv, fused)
+            setattr(self, tower.out, make_linear(tower.out, q_dim, hidden_size))
+            setattr(self, tower.norm_q, RMSNorm(head_dim, eps, dtype))
+            setattr(self, tower.norm_k, RMSNorm(head_dim, eps, dtype))
+
+    def _qkv(self, tower: Tower, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``[S, H]`` -> q ``[S, nh, hd]``, k/v ``[S, nkv, hd]``; QK RMSNorm per head, then RoPE (k, q only)."""
+        if self.split_qkv:
+            projections = [getattr(self, name) for name in (tower.q, tower.k, tower.v)]
+            x_in = quantize_shared_input(x, projections)  # one FP8 tensor for Q, K and V on W8A8 steps
+            q, k, v = (proj(x_in) for proj in projections)
+        else:
+            fused = getattr(self, tower.fused_qkv)
+            q, k, v = fused(x).split(fused.shard_sizes, dim=-1)
+        q = getattr(self, tower.norm_q)(q.reshape(-1, self.num_heads, self.head_dim))
+        k = getattr(self, tower.norm_k)(k.reshape(-1, self.num_kv_heads, self.head_dim))
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def und(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """UND causal self-attention; returns the output and this layer's K/V for the cache."""
+        q, k, v = self._qkv(UND, x, cos, sin)
+        out = _sdpa(q, k, v, causal=True)
+        return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
+
+    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor):
+        """GEN queries attend, unmasked, to the UND keys first and then the GEN keys."""
+        q, k, v = self._qkv(GEN, x, cos, sin)
+        out = _sdpa(q, torch.cat([k_und, k]), torch.cat([v_und, v]), causal=False)
+        return self.to_add_out(out)
+
+    def validate_after_loading(self, where: str) -> None:
+        if self.split_qkv:
+            for tower in (UND, GEN):
+                group = {name: getattr(self, name) for name in (tower.q, tower.k, tower.v)}
+                validate_shared_input_scales(group, where)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    """``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` -> ``[Sq, nh*hd]``; GQA, scale 1/sqrt(hd)."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+        is_causal=causal, enable_gqa=True,
+    )  # [1, nh, Sq, hd]
+    return out.squeeze(0).transpose(0, 1).reshape(q.shape[0], -1)

@@ -1,0 +1,78 @@
+"""A Linear that owns its tensors and delegates the maths to a quant method."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from cosmos3.quant.base import LinearMethod
+
+
+class Linear(nn.Module):
+    """``[..., in_features] -> [..., out_features]``.
+
+    A fused Linear (BF16 / dynamic FP8 topology) concatenates several checkpoint projections
+    along the output dim; ``shard_keys`` names them (e.g. ``("to_q", "to_k", "to_v")``) and
+    ``shard_sizes`` gives their output widths, so the loader alone translates names.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int | Sequence[int],
+        *,
+        quant_method: LinearMethod,
+        dtype: torch.dtype,
+        bias: bool = False,
+        shard_keys: Sequence[str] | None = None,
+    ):
+        super().__init__()
+        sizes = tuple(out_features) if isinstance(out_features, Sequence) else (out_features,)
+        if shard_keys is not None and len(shard_keys) != len(sizes):
+            raise ValueError(f"{len(shard_keys)} shard keys for {len(sizes)} shard sizes")
+        self.in_features = in_features
+        self.out_features = sum(sizes)
+        self.shard_sizes = sizes
+        self.is_fused = shard_keys is not None and len(shard_keys) > 1
+        # An unfused layer has one shard, named by its own checkpoint key ("" = the layer itself).
+        self.shard_keys = tuple(shard_keys) if shard_keys is not None else ("",)
+        self.has_bias = bias
+        self.quant_method = quant_method
+        quant_method.create_weights(self, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.shard_sizes}, method={type(self.quant_method).__name__}"
+
+
+def quantize_shared_input(x: torch.Tensor, linears: Sequence[Linear]) -> torch.Tensor:
+    """Quantize ``x`` once for a group of projections that read it (shared QKV or gate/up).
+
+    Engages only when every member runs static W8A8; on a 16-bit step (or with an ignored,
+    high-precision member) the group gets the 16-bit ``x``. One identical input_scale per
+    group is a load-time invariant (checked in ``validate_shared_input_scales``).
+    """
+    if all(linear.quant_method.shares_input_quant for linear in linears):
+        first = linears[0]
+        return first.quant_method.quantize_input(first, x)
+    return x
+
+
+def validate_shared_input_scales(linears: dict[str, Linear], where: str) -> None:
+    """A sharing group must carry one identical calibrated input_scale; run once after loading."""
+    from cosmos3.errors import CheckpointError
+
+    static = {name: linear for name, linear in linears.items() if linear.quant_method.shares_input_quant}
+    if len(static) < 2:
+        return
+    values = {name: linear.input_scale.item() for name, linear in static.items()}
+    if len(set(values.values())) > 1:
+        listing = ", ".join(f"{name}.input_scale={value!r}" for name, value in values.items())
+        raise CheckpointError(
+            f"{where}: projections sharing one input must share one calibrated input_scale; got {listing} "
+            "(re-calibrate so the group's input scales are equal)"
+        )

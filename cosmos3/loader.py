@@ -1,0 +1,94 @@
+"""``load_transformer``: checkpoint directory -> a ready Cosmos3Transformer on a device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cosmos3.checkpoint import CheckpointFiles, load_checkpoint
+from cosmos3.config import Cosmos3Config, check_parallel, uses_static_fp8
+from cosmos3.errors import ConfigError
+from cosmos3.layers.attention import GEN
+from cosmos3.layers.linear import Linear
+from cosmos3.step_precision import StepPrecisionController, resolve_policy
+from cosmos3.transformer import Cosmos3Transformer
+
+PRECISION_CHOICES = ("auto", "bf16", "fp8-dynamic", "fp8-static")
+
+
+def transformer_dir(path: str | Path) -> Path:
+    """Accept a checkpoint root (with ``transformer/``) or the transformer directory itself."""
+    path = Path(path)
+    return path / "transformer" if (path / "transformer" / "config.json").is_file() else path
+
+
+def resolve_precision(config: Cosmos3Config, precision: str, lora: object = None) -> str:
+    """``auto`` follows the checkpoint; refuse combinations that would quantize twice or run untested."""
+    if precision not in PRECISION_CHOICES:
+        raise ConfigError(f"precision={precision!r}; expected one of {PRECISION_CHOICES}")
+    static = uses_static_fp8(config)
+    if lora is not None:
+        reason = "static FP8 keeps gate/up split (GatedMLP) and calibrated" if static else "not implemented"
+        raise ConfigError(f"LoRA adapters are not supported ({reason}); remove the lora option")
+    if static:
+        if precision in ("bf16", "fp8-dynamic"):
+            raise ConfigError(
+                f"precision={precision!r} on a ModelOpt static FP8 checkpoint would re-quantize calibrated weights "
+                "(forced dynamic quantization on a split GatedMLP); use precision='auto'"
+            )
+        return "fp8-static"
+    if config.quantization is not None:
+        q = config.quantization
+        raise ConfigError(
+            f"quantization_config quant_method={q.quant_method!r} quant_algo={q.quant_algo!r} "
+            f"(static inputs: {q.static_input}) is not supported; only ModelOpt static FP8 checkpoints are"
+        )
+    if precision == "fp8-static":
+        raise ConfigError("precision='fp8-static' needs a ModelOpt static FP8 checkpoint; this one is unquantized")
+    return "bf16" if precision == "auto" else precision
+
+
+def load_transformer(
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    precision: str = "auto",
+    step_precision: str | dict | None = "auto",
+    parallel: dict[str, int] | None = None,
+    lora: object = None,
+) -> Cosmos3Transformer:
+    """Load ``path`` (checkpoint root or its ``transformer/`` dir) strictly and exactly.
+
+    ``step_precision``: ``"auto"`` (the checkpoint's diffusion_step_policy, if any), ``"off"``,
+    or ``{"first": n, "last": m}`` to experiment. ``parallel``: the parallel axes the caller
+    intends; static FP8 refuses any above 1.
+    """
+    directory = transformer_dir(path)
+    config = Cosmos3Config.from_json(directory / "config.json")
+    check_parallel(config, parallel)
+    precision = resolve_precision(config, precision, lora)
+    policy = resolve_policy(config.quantization, step_precision)
+    if policy is not None and precision != "fp8-static":
+        raise ConfigError("step precision applies to static FP8 checkpoints only; set step_precision='off'")
+
+    with torch.device(device):
+        model = Cosmos3Transformer(config, precision=precision, dtype=dtype)
+    load_checkpoint(model, CheckpointFiles(directory, device=device))
+    model.validate_after_loading()
+    if policy is not None:
+        gen, und = tower_linears(model)
+        model.step_controller = StepPrecisionController(gen, und, policy)
+    return model.eval()
+
+
+def tower_linears(model: Cosmos3Transformer) -> tuple[list[Linear], list[Linear]]:
+    """The static-FP8 decoder projections of the GEN and UND towers (ignored modules excluded)."""
+    gen_names = {GEN.q, GEN.k, GEN.v, GEN.out, "mlp_moe_gen"}
+    gen, und = [], []
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and module.quant_method.shares_input_quant:
+            parts = set(name.split("."))
+            (gen if parts & gen_names else und).append(module)
+    return gen, und

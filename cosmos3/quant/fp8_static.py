@@ -1,0 +1,83 @@
+"""ModelOpt static per-tensor FP8 (W8A8): every tensor and scale exactly as calibrated.
+
+``x_fp8 = sat_e4m3(x / input_scale)``; ``y = (x_fp8 @ W_fp8^T) * input_scale * weight_scale``
+through ``torch._scaled_mm`` (fast accumulation off) on CUDA and on CPU alike. A layer is
+never fused: each projection keeps its own weight_scale, so nothing is rounded twice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cosmos3 import ops
+from cosmos3.errors import CheckpointError
+from cosmos3.quant.base import LinearMethod, ShardTensors, require_dtype, require_scalar_scale
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+# ModelOpt duplicates each scale in a buffer; we check them against the scale, then drop them.
+MODELOPT_BUFFERS = {
+    "weight_quantizer._amax": ("weight_scale", FP8_MAX),
+    "weight_quantizer._scale": ("weight_scale", 1.0),
+    "input_quantizer._amax": ("input_scale", FP8_MAX),
+}
+
+
+def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_dtype) -> torch.Tensor:
+    """``[..., K] fp8 x [N, K] fp8 -> [..., N]`` with per-tensor scales read on the device."""
+    x2d = x_fp8.reshape(-1, x_fp8.shape[-1])  # [M, K]
+    y = torch._scaled_mm(x2d, weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=False)
+    return y.reshape(*x_fp8.shape[:-1], weight.shape[0])
+
+
+class StaticFP8LinearMethod(LinearMethod):
+    high_precision = False
+    shares_input_quant = True
+
+    def create_weights(self, layer, dtype):
+        if layer.is_fused:
+            raise ValueError(f"static FP8 keeps projections split; got a fused layer over {layer.shard_keys}")
+        if layer.has_bias:
+            raise ValueError("static FP8 decoder projections are bias-free (attention_bias=false)")
+        layer.weight = torch.nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=FP8), False)
+        layer.weight_scale = torch.nn.Parameter(torch.empty((), dtype=torch.float32), False)
+        layer.input_scale = torch.nn.Parameter(torch.empty((), dtype=torch.float32), False)
+        layer.out_dtype = dtype
+
+    def checkpoint_tensors(self, layer):
+        return ("weight", "weight_scale", "input_scale")
+
+    def load_weights(self, layer, shards: ShardTensors, name: str):
+        (tensors,) = shards.values()
+        require_dtype(tensors["weight"], FP8, f"{name}.weight (static FP8 recipe)")
+        for suffix in ("weight_scale", "input_scale"):
+            require_scalar_scale(tensors[suffix], f"{name}.{suffix}")
+        check_modelopt_buffers(tensors, name)
+        # Keep the checkpoint's exact tensors (shape and bytes): state_dict() must give them back.
+        for suffix in self.checkpoint_tensors(layer):
+            setattr(layer, suffix, torch.nn.Parameter(tensors[suffix].to(layer.weight.device).clone(), False))
+
+    def quantize_input(self, layer, x):
+        return ops.quantize_fp8(x.contiguous(), layer.input_scale.reshape(1))
+
+    def fp8_output_scale(self, layer):
+        return layer.input_scale.reshape(1)
+
+    def apply(self, layer, x):
+        # A group shares one quantization: a pre-quantized FP8 input passes straight through.
+        x_fp8 = x if x.dtype == FP8 else self.quantize_input(layer, x)
+        return scaled_mm(x_fp8, layer.weight, layer.input_scale, layer.weight_scale, layer.out_dtype)
+
+
+def check_modelopt_buffers(tensors: dict[str, torch.Tensor], name: str) -> None:
+    """ModelOpt buffers, where present, must agree with the scales they duplicate."""
+    for buffer, (scale_name, factor) in MODELOPT_BUFFERS.items():
+        if buffer not in tensors:
+            continue
+        expected = tensors[scale_name].float() * factor
+        if not torch.allclose(tensors[buffer].float().reshape(()), expected.reshape(()), rtol=1e-6, atol=0):
+            raise CheckpointError(
+                f"{name}.{buffer} = {tensors[buffer].item():.8g} disagrees with {name}.{scale_name} * {factor:g} "
+                f"= {expected.item():.8g}; the checkpoint's scales are inconsistent (re-export it)"
+            )

@@ -1,0 +1,30 @@
+"""W8A16: the resident FP8 weight dequantized with its own weight_scale into a 16-bit GEMM.
+
+Used on the denoising steps a checkpoint's ``diffusion_step_policy`` names, and for the UND
+tower when the policy says ``reasoner: a16``. ``input_scale`` is unused and no dequantized
+copy persists: the product is a per-call temporary.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod
+
+
+class W8A16LinearMethod(StaticFP8LinearMethod):
+    """Same tensors as static FP8 (it is a different way to compute the same layer)."""
+
+    high_precision = True
+    shares_input_quant = False
+
+    def fp8_output_scale(self, layer):
+        return None
+
+    def apply(self, layer, x):
+        if x.dtype == FP8:
+            raise TypeError(
+                "W8A16 linear was handed an already-quantized FP8 activation; on a 16-bit step every "
+                "sharing site must stand down (a bug in the caller)"
+            )
+        return F.linear(x, layer.weight.to(x.dtype) * layer.weight_scale)

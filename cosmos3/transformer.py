@@ -1,0 +1,229 @@
+"""The Cosmos3 Mixture-of-Transformers (Nano/Super): an UND tower over text, a GEN tower over latents.
+
+Every layer holds both towers' parameters (names as in the diffusers flat checkpoint layout).
+UND is causal over text and never sees GEN, so its per-layer K/V are computed once per request
+and CFG branch (``encode_text``) and every denoising step runs only the GEN tower against them.
+There is no AdaLN: the timestep enters as an additive embedding on noisy frames only.
+References: reference/cosmos3-architecture.md §1-§3; diffusers ``transformer_cosmos3.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cosmos3.config import Cosmos3Config
+from cosmos3.layers.attention import MoTAttention
+from cosmos3.layers.embeddings import DomainAwareLinear, TimestepEmbedding, patchify, unpatchify
+from cosmos3.layers.linear import Linear
+from cosmos3.layers.mlp import GatedMLP
+from cosmos3.layers.norm import RMSNorm
+from cosmos3.layers.rope import MRoPE, grid_positions, text_positions
+from cosmos3.quant import UNQUANTIZED, get_quant_method
+
+VAE_TEMPORAL_COMPRESSION = 4  # Wan 2.2 VAE: 4 pixel frames per latent frame (fps modulation uses it)
+
+
+@dataclass
+class UndCache:
+    """Per-layer UND K (post-norm, post-RoPE) and V, each ``[S_und, nkv, hd]``, for one prompt."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int  # S_und: the text positions 0..S_und-1; vision starts at S_und + 15000
+
+
+@dataclass
+class GenOutput:
+    vision: torch.Tensor  # velocity [C, T, H, W], zero at condition frames
+    sound: torch.Tensor | None = None  # velocity [sound_dim, T_s]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Qwen3 block, once per tower; both towers meet only inside attention."""
+
+    def __init__(self, config: Cosmos3Config, *, split: bool, make_linear, dtype: torch.dtype):
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(h, eps, dtype)
+        self.post_attention_layernorm = RMSNorm(h, eps, dtype)
+        self.input_layernorm_moe_gen = RMSNorm(h, eps, dtype)
+        self.post_attention_layernorm_moe_gen = RMSNorm(h, eps, dtype)
+        self.self_attn = MoTAttention(
+            hidden_size=h, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim, eps=eps, split_qkv=split, make_linear=make_linear("self_attn"), dtype=dtype,
+        )
+        mlp_args = dict(hidden_size=h, intermediate_size=config.intermediate_size, split_gate_up=split)
+        self.mlp = GatedMLP(**mlp_args, make_linear=make_linear("mlp"))
+        self.mlp_moe_gen = GatedMLP(**mlp_args, make_linear=make_linear("mlp_moe_gen"))
+
+    def forward_und(self, x: torch.Tensor, cos, sin, *, kv_only: bool = False):
+        """UND stream ``[S_und, H]``; returns (new stream or None when ``kv_only``, K, V)."""
+        attn, k, v = self.self_attn.und(self.input_layernorm(x), cos, sin)
+        if kv_only:  # the last layer's UND output is never read: GEN only needs its K/V
+            return None, k, v
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+
+    def forward_gen(self, x: torch.Tensor, cos, sin, k_und: torch.Tensor, v_und: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.gen(self.input_layernorm_moe_gen(x), cos, sin, k_und, v_und)
+        return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
+
+
+class Cosmos3Transformer(nn.Module):
+    """``velocity(input_ids, latents, timestep)``: the flow-matching velocity of one sample.
+
+    ``precision`` picks the decoder projections' quant method and topology: ``bf16`` and
+    ``fp8-dynamic`` fuse Q/K/V and gate/up per tower; ``fp8-static`` keeps them split.
+    """
+
+    def __init__(self, config: Cosmos3Config, *, precision: str = "bf16", dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        self.config = config
+        self.precision = precision
+        self.dtype = dtype
+        self.step_controller = None  # set by the loader when a step policy is in force
+        quant = config.quantization
+        method = get_quant_method(precision)
+        split = precision == "fp8-static"
+
+        def make_linear_in(prefix: str):
+            def make_linear(name: str, in_features: int, out_features, shard_keys=None) -> Linear:
+                full_name = f"{prefix}.{name}"
+                ignored = quant is not None and quant.is_ignored(full_name)
+                return Linear(in_features, out_features, quant_method=UNQUANTIZED if ignored else method,
+                              dtype=dtype, shard_keys=shard_keys)
+            return make_linear
+
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h, dtype=dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, split=split, make_linear=lambda sub, i=i: make_linear_in(f"layers.{i}.{sub}"),
+                         dtype=dtype)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm_moe_gen = RMSNorm(h, config.rms_norm_eps, dtype)
+        self.proj_in = nn.Linear(config.patch_latent_dim, h, dtype=dtype)  # vae2llm in the legacy layout
+        self.proj_out = nn.Linear(h, config.patch_latent_dim, dtype=dtype)  # llm2vae
+        self.time_embedder = TimestepEmbedding(h)
+        self.rotary_emb = MRoPE(config.head_dim, config.rope_theta, config.rope_axes_dim)
+        if config.sound_gen:
+            self.audio_proj_in = nn.Linear(config.sound_dim, h, dtype=dtype)
+            self.audio_proj_out = nn.Linear(h, config.sound_dim, dtype=dtype)
+            self.audio_modality_embed = nn.Parameter(torch.zeros(h, dtype=dtype))
+        if config.action_gen:
+            # Loaded so no checkpoint weight is silently dropped; no task drives actions yet.
+            domains = config.num_embodiment_domains
+            self.action_proj_in = DomainAwareLinear(config.action_dim, h, domains, dtype)
+            self.action_proj_out = DomainAwareLinear(h, config.action_dim, domains, dtype)
+            self.action_modality_embed = nn.Parameter(torch.zeros(h, dtype=dtype))
+        self.requires_grad_(False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    # ---------------------------------------------------------------- UND tower
+
+    @torch.no_grad()
+    def encode_text(self, input_ids: torch.Tensor) -> UndCache:
+        """Run the UND tower once over ``input_ids`` ``[S]`` and keep every layer's K/V."""
+        ids = input_ids.to(self.device).reshape(-1)
+        x = self.embed_tokens(ids)  # [S, H]
+        cos, sin = self.rotary_emb(text_positions(ids.numel()), self.dtype)
+        keys, values = [], []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer.forward_und(x, cos, sin, kv_only=i == last)
+            keys.append(k)
+            values.append(v)
+        return UndCache(keys, values, ids.numel())
+
+    # ---------------------------------------------------------------- GEN tower
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        latents: torch.Tensor,
+        timestep: float | torch.Tensor,
+        *,
+        fps: float | None = None,
+        condition_frames: Iterable[int] = (),
+        sound_latents: torch.Tensor | None = None,
+        und_cache: UndCache | None = None,
+    ) -> GenOutput:
+        """One denoising evaluation. ``latents`` ``[C, T, H, W]``; ``sound_latents`` ``[sound_dim, T_s]``.
+
+        Without ``und_cache`` the UND tower is recomputed from ``input_ids`` (equal results).
+        """
+        if und_cache is None:
+            und_cache = self.encode_text(input_ids)
+        c, t, h, w = latents.shape
+        p = self.config.latent_patch_size
+        cond = sorted({int(i) for i in condition_frames if 0 <= int(i) < t})
+        noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
+
+        # Embed vision patches; the timestep embedding goes to noisy frames only.
+        patches, grid = patchify(latents.to(self.device, self.dtype), p)  # [T*Hp*Wp, p*p*C]
+        tokens = self.proj_in(patches).view(t, grid[1] * grid[2], -1)  # [T, Hp*Wp, H]
+        t_emb = self._timestep_embedding(timestep)  # [H]
+        tokens[noisy] += t_emb
+        segments = [tokens.reshape(t * grid[1] * grid[2], -1)]
+        offset = und_cache.length + self.config.unified_3d_mrope_temporal_modality_margin
+        vision_fps = fps if self.config.enable_fps_modulation else None
+        positions = [grid_positions(grid, offset, fps=vision_fps, base_fps=self.config.base_fps,
+                                    temporal_compression=VAE_TEMPORAL_COMPRESSION)]
+
+        # Sound tokens follow vision in the GEN stream and share its temporal offset; all are noisy.
+        if sound_latents is not None:
+            sound = sound_latents.to(self.device, self.dtype).t()  # [T_s, sound_dim]
+            segments.append(self.audio_proj_in(sound) + self.audio_modality_embed + t_emb)
+            sound_fps = self.config.sound_latent_fps if self.config.enable_fps_modulation else None
+            positions.append(grid_positions((sound.shape[0], 1, 1), offset, fps=sound_fps,
+                                            base_fps=self.config.base_fps, temporal_compression=1))
+
+        x = torch.cat(segments)  # [N_gen, H]
+        cos, sin = self.rotary_emb(torch.cat(positions, dim=1), self.dtype)
+        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values):
+            x = layer.forward_gen(x, cos, sin, k_und, v_und)
+        x = self.norm_moe_gen(x)
+
+        # Read predictions at noisy vision tokens only; condition frames stay zero.
+        n_vision = segments[0].shape[0]
+        frames = x[:n_vision].view(t, grid[1] * grid[2], -1)[noisy]  # [T_noisy, Hp*Wp, H]
+        pred = self.proj_out(frames.reshape(-1, frames.shape[-1]))
+        velocity = latents.new_zeros((c, t, h, w), dtype=self.dtype, device=self.device)
+        velocity[:, noisy] = unpatchify(pred, (len(noisy), grid[1], grid[2]), p, (h, w))
+        sound_velocity = self.audio_proj_out(x[n_vision:]).t() if sound_latents is not None else None
+        return GenOutput(velocity, sound_velocity)
+
+    def velocity(self, input_ids, latents, timestep, fps=None, condition_frames=(), und_cache=None) -> torch.Tensor:
+        """The public entry point: the vision velocity ``[C, T, H, W]``, zero at ``condition_frames``."""
+        return self.forward(input_ids, latents, timestep, fps=fps, condition_frames=condition_frames,
+                            und_cache=und_cache).vision
+
+    def _timestep_embedding(self, timestep: float | torch.Tensor) -> torch.Tensor:
+        """Scheduler timestep (0..1000) -> ``[H]`` in the model dtype, computed in fp32."""
+        t = torch.as_tensor(timestep, dtype=torch.float32, device=self.device).reshape(1)
+        return self.time_embedder(t * self.config.timestep_scale)[0].to(self.dtype)
+
+    # ---------------------------------------------------------------- step precision
+
+    def set_denoising_step(self, step: int, num_steps: int) -> None:
+        """Pick step ``step`` of ``num_steps``'s precision, once, before both CFG passes."""
+        if self.step_controller is not None:
+            self.step_controller.set_step(step, num_steps)
+
+    def step_policy_info(self) -> dict | None:
+        return None if self.step_controller is None else self.step_controller.describe()
+
+    def validate_after_loading(self) -> None:
+        """Load-time invariants, checked once every projection is final (never in forward)."""
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.validate_after_loading(f"layers.{i}.self_attn")
+            layer.mlp.validate_after_loading(f"layers.{i}.mlp")
+            layer.mlp_moe_gen.validate_after_loading(f"layers.{i}.mlp_moe_gen")
