@@ -1,0 +1,257 @@
+"""Cosmos3 render pipeline: T2I / T2V / I2V / V2V from a checkpoint in the published layout.
+
+One job runs: prompt -> token ids (both CFG branches) -> UND tower once per branch (cached K/V)
+-> denoising loop (step precision chosen once per step, then the cond and uncond passes, CFG,
+scheduler update, conditioned latent frames re-pinned) -> VAE decode -> ``uint8 [T, H, W, 3]``.
+
+    pipe = Cosmos3Pipeline.from_pretrained("/ckpt/Cosmos3-Nano", device="cuda")
+    out = pipe(RenderRequest(task="t2v", prompt="..."), callback=lambda i, n: ...)
+    out.frames, out.fps, out.timings, out.info
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from cosmos3 import load_transformer
+from cosmos3.errors import CheckpointError
+from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
+from cosmos3.prompt import PromptSpec, PromptTokenizer
+from cosmos3.request import V2V_CONDITION_LATENT_FRAMES, RenderPlan, RenderRequest, resolve
+from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
+from cosmos3.vae import WanVAE
+
+__all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
+
+COMPONENTS = ("model_index.json", "transformer", "vae", "text_tokenizer", "scheduler")
+
+
+@dataclass
+class RenderOutput:
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    fps: float
+    timings: dict  # seconds: tokenize, und, steps (one per step), vae (encode + decode), total
+    info: dict  # precision, step_policy, checkpoint, scheduler, seed and the resolved job
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """Clean leading latent frames the sampler must keep: ``latents [C, k, H', W']`` (k = 0 for T2V/T2I)."""
+
+    latents: torch.Tensor | None = None
+
+    @property
+    def frames(self) -> tuple[int, ...]:
+        return () if self.latents is None else tuple(range(self.latents.shape[1]))
+
+    def pin(self, latents: torch.Tensor) -> torch.Tensor:
+        """Overwrite the conditioned frames of ``latents [C, T', H', W']`` with their clean values."""
+        if self.latents is not None:
+            latents[:, : self.latents.shape[1]] = self.latents
+        return latents
+
+
+class _Clock:
+    """Wall time that waits for queued device work, so per-stage timings are honest on CUDA."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def _check_layout(root: Path) -> None:
+    missing = [name for name in COMPONENTS if not (root / name).exists()]
+    if missing:
+        raise CheckpointError(
+            f"{root}: not a Cosmos3 checkpoint in the published layout; missing {', '.join(missing)} "
+            f"(expected {', '.join(COMPONENTS)})"
+        )
+
+
+def _safetensors_header(path: Path) -> bytes:
+    with path.open("rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return f.read(size)
+
+
+def checkpoint_identity(root: Path) -> dict:
+    """Path + sha256 over ``transformer/config.json`` and the weight index (or, unsharded, the file header)."""
+    transformer = root / "transformer"
+    digest = hashlib.sha256((transformer / "config.json").read_bytes())
+    indexes = sorted(transformer.glob("*.safetensors.index.json"))
+    for index in indexes:
+        digest.update(index.read_bytes())
+    if not indexes:  # an unsharded checkpoint: its header lists every tensor name, dtype, shape and offset
+        for shard in sorted(transformer.glob("*.safetensors")):
+            digest.update(_safetensors_header(shard))
+    return {"path": str(root.resolve()), "sha256": digest.hexdigest()}
+
+
+class Cosmos3Pipeline:
+    def __init__(
+        self,
+        *,
+        model,
+        vae: WanVAE,
+        tokenizer: PromptTokenizer,
+        recipe: SamplingRecipe,
+        checkpoint: dict,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        if model.config.latent_channel != vae.z_dim:
+            raise CheckpointError(
+                f"transformer latent_channel={model.config.latent_channel} does not match vae z_dim={vae.z_dim}"
+            )
+        self.model = model
+        self.vae = vae
+        self.tokenizer = tokenizer
+        self.recipe = recipe
+        self.checkpoint = checkpoint
+        self.device = device
+        self.dtype = dtype
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        checkpoint_dir: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        precision: str = "auto",
+        step_precision: str = "auto",
+    ) -> Cosmos3Pipeline:
+        """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32)."""
+        root = Path(checkpoint_dir)
+        _check_layout(root)
+        device = torch.device(device)
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision)
+        return cls(
+            model=model,
+            vae=WanVAE.from_pretrained(root / "vae", device=device),
+            tokenizer=PromptTokenizer.from_pretrained(root / "text_tokenizer"),
+            recipe=load_recipe(root),
+            checkpoint=checkpoint_identity(root),
+            device=device,
+            dtype=dtype,
+        )
+
+    # -- stages ------------------------------------------------------------------------------------
+
+    def _token_ids(self, plan: RenderPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        spec = PromptSpec(frames=plan.frames, fps=plan.fps, height=plan.height, width=plan.width)
+        cond, uncond = self.tokenizer.encode_pair(plan.prompt, plan.negative_prompt, spec)
+        return (
+            torch.tensor(cond, dtype=torch.long, device=self.device),  # [S_cond]
+            torch.tensor(uncond, dtype=torch.long, device=self.device),  # [S_uncond]
+        )
+
+    def _conditioning(self, plan: RenderPlan) -> Conditioning:
+        """Encode the clean leading frames. Only those pixel frames are encoded: the VAE is causal."""
+        if plan.task == "i2v":
+            pixels = load_image(plan.image)[None]  # [1, H, W, 3]
+        elif plan.task == "v2v":
+            keep = (V2V_CONDITION_LATENT_FRAMES - 1) * self.vae.temporal_factor + 1
+            pixels = load_video(plan.video)[:keep]
+            if len(pixels) < keep:  # a short clip holds its last frame, as the published pipeline pads
+                pixels = np.concatenate([pixels, np.repeat(pixels[-1:], keep - len(pixels), axis=0)])
+        else:
+            return Conditioning()
+        video = resize_cover_crop(pixels, plan.height, plan.width)  # [3, T_cond, H, W]
+        return Conditioning(self.vae.encode(video))  # [C, k, H', W']
+
+    def _initial_latents(self, plan: RenderPlan, generator: torch.Generator) -> torch.Tensor:
+        # Noise is drawn on the CPU so a seed gives the same start on every device.
+        shape = self.vae.latent_shape(plan.frames, plan.height, plan.width)
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)  # [C, T', H', W']
+
+    def _velocity(self, latents, t, guidance, ids, caches, plan: RenderPlan, cond: Conditioning) -> torch.Tensor:
+        """CFG velocity ``[C, T', H', W']`` (fp32): cond pass, then uncond pass when ``guidance != 1``."""
+        x = latents.to(self.dtype)
+        fps = plan.fps if plan.is_video else None
+        frames = cond.frames
+        v = self.model.velocity(ids[0], x, t, fps=fps, condition_frames=frames, und_cache=caches[0]).float()
+        if guidance != 1.0:
+            v_uncond = self.model.velocity(ids[1], x, t, fps=fps, condition_frames=frames, und_cache=caches[1]).float()
+            v = v_uncond + guidance * (v - v_uncond)
+        v[:, : len(frames)] = 0.0  # conditioned frames do not move, whatever the guidance mix
+        return v
+
+    # -- the job -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def __call__(self, request: RenderRequest, callback: Callable[[int, int], None] | None = None) -> RenderOutput:
+        clock = _Clock(self.device)
+        start = clock()
+        plan = resolve(
+            request, self.recipe, spatial_factor=self.vae.spatial_factor, temporal_factor=self.vae.temporal_factor
+        )
+        ids = self._token_ids(plan)
+        tokenized = clock()
+
+        cond = self._conditioning(plan)
+        encoded = clock()
+
+        scheduler = make_scheduler(self.recipe, steps=plan.steps, flow_shift=plan.flow_shift, device=self.device)
+        timesteps = scheduler.timesteps
+        guidances = [guidance_at(float(t), plan.guidance, plan.guidance_interval) for t in timesteps]
+        # Two UND caches: cond and uncond texts differ. The uncond one only if some step uses CFG.
+        caches = (
+            self.model.encode_text(ids[0]),
+            self.model.encode_text(ids[1]) if any(g != 1.0 for g in guidances) else None,
+        )
+        und_done = clock()
+
+        generator = torch.Generator("cpu").manual_seed(plan.seed)
+        latents = cond.pin(self._initial_latents(plan, generator))
+        step_times = []
+        for i, t in enumerate(timesteps):
+            step_start = clock()
+            self.model.set_denoising_step(i, len(timesteps))  # once, before both CFG passes
+            v = self._velocity(latents, float(t), guidances[i], ids, caches, plan, cond)
+            latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
+            step_times.append(clock() - step_start)
+            if callback is not None:
+                callback(i, len(timesteps))
+
+        decode_start = clock()
+        frames = to_uint8_frames(self.vae.decode(latents))  # [T, H, W, 3]
+        end = clock()
+        timings = {
+            "tokenize": tokenized - start,
+            "und": und_done - encoded,
+            "steps": step_times,
+            "vae": (encoded - tokenized) + (end - decode_start),
+            "total": end - start,
+        }
+        return RenderOutput(frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler))
+
+    def _info(self, plan: RenderPlan, scheduler) -> dict:
+        return {
+            "task": plan.task,
+            "precision": self.model.precision,
+            "step_policy": self.model.step_policy_info(),
+            "checkpoint": self.checkpoint,
+            "scheduler": type(scheduler).__name__,
+            "flow_shift": plan.flow_shift,
+            "seed": plan.seed,
+            "width": plan.width,
+            "height": plan.height,
+            "frames": plan.frames,
+            "fps": plan.fps,
+            "steps": plan.steps,
+            "guidance": plan.guidance,
+            "guidance_interval": plan.guidance_interval,
+        }

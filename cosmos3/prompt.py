@@ -1,0 +1,98 @@
+"""Prompt -> token ids, exactly as the published Cosmos3 pipeline builds them (reference §4.1).
+
+Cosmos3 has no text encoder: the transformer embeds raw token ids with its own ``embed_tokens``.
+Each branch of classifier-free guidance gets one chat-templated conversation (system prompt + user
+prompt with metadata sentences), followed by ``eos`` and ``<|vision_start|>``, after which the
+generation tokens begin. The negative prompt carries the *inverse* metadata sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cosmos3.errors import CheckpointError
+
+# The typo "give" (for "given") is intentional: it is what the model was trained on.
+SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
+SYSTEM_PROMPT_IMAGE = "You are a helpful assistant who will generate images from a give prompt."
+
+DURATION_TEMPLATE = "The video is {duration:.1f} seconds long and is of {fps:.0f} FPS."
+INVERSE_DURATION_TEMPLATE = "The video is not {duration:.1f} seconds long and is not of {fps:.0f} FPS."
+RESOLUTION_TEMPLATE = {
+    "video": "This video is of {height}x{width} resolution.",
+    "image": "This image is of {height}x{width} resolution.",
+}
+INVERSE_RESOLUTION_TEMPLATE = {
+    "video": "This video is not of {height}x{width} resolution.",
+    "image": "This image is not of {height}x{width} resolution.",
+}
+
+VISION_START_TOKEN = "<|vision_start|>"
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """What the metadata sentences describe: the output, not the conditioning input."""
+
+    frames: int
+    fps: float
+    height: int
+    width: int
+
+    @property
+    def kind(self) -> str:
+        return "image" if self.frames == 1 else "video"
+
+
+def _append_sentence(text: str, sentence: str) -> str:
+    # Trailing full stops are folded into one ". " so "A cat." and "A cat" read the same.
+    text = text.rstrip(".")
+    return f"{text}. {sentence}" if text else sentence
+
+
+def with_metadata(text: str, spec: PromptSpec, *, negative: bool) -> str:
+    """Append the duration (videos only) and resolution sentences; their inverses when ``negative``."""
+    if spec.kind == "video":
+        template = INVERSE_DURATION_TEMPLATE if negative else DURATION_TEMPLATE
+        text = _append_sentence(text, template.format(duration=spec.frames / spec.fps, fps=spec.fps))
+    template = (INVERSE_RESOLUTION_TEMPLATE if negative else RESOLUTION_TEMPLATE)[spec.kind]
+    return _append_sentence(text, template.format(height=spec.height, width=spec.width))
+
+
+class PromptTokenizer:
+    """The checkpoint's ``text_tokenizer/`` plus the Cosmos3 conversation layout."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self.vision_start_id = tokenizer.convert_tokens_to_ids(VISION_START_TOKEN)
+        if self.eos_token_id is None or self.vision_start_id in (None, tokenizer.unk_token_id):
+            raise CheckpointError(
+                f"text_tokenizer/ must define an eos token and {VISION_START_TOKEN}; "
+                f"got eos_token_id={self.eos_token_id}, {VISION_START_TOKEN} -> {self.vision_start_id}"
+            )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> PromptTokenizer:
+        from transformers import AutoTokenizer
+
+        path = Path(path)
+        if not (path / "tokenizer_config.json").is_file():
+            raise CheckpointError(f"{path}: no tokenizer_config.json (is this the checkpoint's text_tokenizer/ dir?)")
+        return cls(AutoTokenizer.from_pretrained(str(path)))
+
+    def encode(self, text: str, kind: str) -> list[int]:
+        """One branch: chat template (system + user, generation prompt) + eos + ``<|vision_start|>``."""
+        system = SYSTEM_PROMPT_IMAGE if kind == "image" else SYSTEM_PROMPT_VIDEO
+        conversation = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        encoded = self.tokenizer.apply_chat_template(
+            conversation, tokenize=True, add_generation_prompt=True, return_dict=True
+        )
+        return list(encoded["input_ids"]) + [self.eos_token_id, self.vision_start_id]
+
+    def encode_pair(self, prompt: str, negative_prompt: str, spec: PromptSpec) -> tuple[list[int], list[int]]:
+        """``(cond_ids, uncond_ids)`` for one job."""
+        cond = self.encode(with_metadata(prompt, spec, negative=False), spec.kind)
+        uncond = self.encode(with_metadata(negative_prompt, spec, negative=True), spec.kind)
+        return cond, uncond

@@ -1,0 +1,223 @@
+"""A tiny random Cosmos3 checkpoint in the published directory layout, built in about two seconds.
+
+    root = make_tiny_checkpoint(tmp_path / "ckpt")                      # base build (UniPC)
+    root = make_tiny_checkpoint(tmp_path / "d", scheduler=DISTILLED_SCHEDULER)  # distilled 4-step
+    root = make_tiny_checkpoint(tmp_path / "c", num_hidden_layers=3)     # transformer config override
+
+Layout (reference §2.3, §5.2): ``model_index.json``, ``transformer/`` (diffusers
+``Cosmos3OmniTransformer.save_pretrained``: bf16 safetensors shards, ``time_embedder`` in fp32, the
+index, and a config.json that also carries the published-only keys), ``vae/`` (``AutoencoderKLWan``
+in the Wan 2.2 shape: patchified, residual, spatial factor 16, temporal factor 4,
+``latents_mean/std``), ``text_tokenizer/`` (word-level ``tokenizer.json`` + ``tokenizer_config.json``
+with a ChatML template) and ``scheduler/`` (UniPC on flow sigmas, or the distilled FlowMatch-Euler
+recipe).
+
+Overrides: ``scheduler=`` replaces the scheduler config when it names a ``_class_name``, else is
+merged into it; ``vae=`` is merged into the VAE constructor arguments; every other key goes to the
+transformer: constructor arguments when ``Cosmos3OmniTransformer`` takes them, else straight into
+``transformer/config.json`` (e.g. ``quantization_config``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+
+Z_DIM = 8  # latent channels: VAE z_dim == transformer latent_channel (48 in the published VAE)
+VOCAB_SIZE = 128  # >= the tiny tokenizer's size, like the published 151936 >= Qwen's tokens
+
+TINY_TRANSFORMER = {
+    "hidden_size": 32,
+    "head_dim": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "latent_channel": Z_DIM,
+    "latent_patch_size": 2,
+    "patch_latent_dim": Z_DIM * 2 * 2,
+    "vocab_size": VOCAB_SIZE,
+    # head_dim 8 -> 4 rotary frequencies, split T/H/W like the published [24, 20, 20] of 64.
+    "rope_scaling": {"mrope_interleaved": True, "mrope_section": [2, 1, 1], "rope_type": "default"},
+    "sound_gen": False,
+    "action_gen": False,
+}
+
+# Keys the published transformer/config.json carries that diffusers' constructor does not take
+# (reference §2.1); written so loaders meet the real file's shape.
+PUBLISHED_ONLY_KEYS = {
+    "model_type": "qwen3_vl_text",
+    "dtype": "bfloat16",
+    "max_position_embeddings": 262144,
+    "position_embedding_type": "unified_3d_mrope",
+    "qk_norm": False,
+    "qk_norm_for_diffusion": True,
+    "joint_attn_implementation": "two_way",
+    "use_moe": True,
+    "video_temporal_causal": False,
+    "freeze_und": False,
+    "initializer_range": 0.02,
+    "use_cache": True,
+}
+
+TINY_VAE = {
+    "base_dim": 8,
+    "decoder_base_dim": 8,
+    "z_dim": Z_DIM,
+    "dim_mult": [1, 1, 1, 1],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [False, True, True],
+    # Wan 2.2: 2x2 patchify (12 = 3 * 2 * 2 channels) + 3 downsamples = spatial factor 16.
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+}
+
+# UniPC on flow sigmas with velocity prediction. The shipped config turns Karras spacing on; the
+# published docs (and this pipeline) override it with use_karras_sigmas=False and a task flow_shift.
+UNIPC_SCHEDULER = {
+    "_class_name": "UniPCMultistepScheduler",
+    "_diffusers_version": "0.37.1",
+    "num_train_timesteps": 1000,
+    "prediction_type": "flow_prediction",
+    "use_flow_sigmas": True,
+    "flow_shift": 1.0,
+    "use_karras_sigmas": True,
+    "sigma_min": 0.01,
+    "sigma_max": 200.0,
+    "predict_x0": True,
+    "solver_order": 2,
+    "solver_type": "bh2",
+    "lower_order_final": True,
+    "final_sigmas_type": "zero",
+    "timestep_spacing": "linspace",
+}
+
+# The distilled 4-step recipe: stochastic FlowMatch-Euler on a fixed sigma list (t_list as the
+# cosmos-framework DMD2 default).
+DISTILLED_SCHEDULER = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "_diffusers_version": "0.37.1",
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "stochastic_sampling": True,
+    "fixed_step_sampler_config": {"t_list": [0.999, 0.75, 0.5, 0.25], "sample_type": "sde", "num_train_timesteps": 1000},
+}
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
+# Every word of the system prompts and metadata sentences, the chat roles, digits, and a few prompt words.
+WORDS = (
+    "you are a helpful assistant who will generate videos images from give prompt "
+    "the video is not seconds long and of fps this image resolution x . "
+    "system user "
+    "0 1 2 3 4 5 6 7 8 9 "
+    "red blue green cat dog robot car city street night day walks runs drives through in on at with"
+).split()
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _write_transformer(path: Path, seed: int, overrides: dict) -> None:
+    from diffusers import Cosmos3OmniTransformer
+
+    accepted = inspect.signature(Cosmos3OmniTransformer.__init__).parameters
+    config = {**TINY_TRANSFORMER, **{k: v for k, v in overrides.items() if k in accepted}}
+    torch.manual_seed(seed)
+    model = Cosmos3OmniTransformer(**config)
+    for name, param in model.named_parameters():
+        # bf16 like the published weights; time_embedder stays fp32 as diffusers keeps it.
+        if not name.startswith("time_embedder."):
+            param.data = param.data.to(torch.bfloat16)
+    # Small shards so the index file exists, as in every published (multi-GB) checkpoint.
+    model.save_pretrained(str(path), safe_serialization=True, max_shard_size="64KB")
+    saved = json.loads((path / "config.json").read_text())
+    extra = {k: v for k, v in overrides.items() if k not in accepted}
+    _write_json(path / "config.json", {**PUBLISHED_ONLY_KEYS, **saved, **extra})
+
+
+def _write_vae(path: Path, seed: int, overrides: dict) -> None:
+    from diffusers import AutoencoderKLWan
+
+    config = {**TINY_VAE, **overrides}
+    z_dim = config["z_dim"]
+    stats = torch.Generator().manual_seed(seed + 1)
+    config.setdefault("latents_mean", [round(v, 4) for v in (0.3 * torch.randn(z_dim, generator=stats)).tolist()])
+    config.setdefault("latents_std", [round(v, 4) for v in (0.5 + torch.rand(z_dim, generator=stats)).tolist()])
+    torch.manual_seed(seed)
+    AutoencoderKLWan(**config).save_pretrained(str(path), safe_serialization=True)
+
+
+def _write_tokenizer(path: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
+
+    vocab = {"[UNK]": 0}
+    for word in WORDS:
+        vocab.setdefault(word, len(vocab))
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    # Words and punctuation, then single digits, so "720x1280" and "7.9" map to known tokens.
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
+    )
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    assert tokenizer.get_vocab_size() <= VOCAB_SIZE, tokenizer.get_vocab_size()
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    _write_json(
+        path / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": "[UNK]",
+            "chat_template": CHAT_TEMPLATE,
+            "model_max_length": 4096,
+        },
+    )
+
+
+def _scheduler_config(override: dict | None) -> dict:
+    if not override:
+        return dict(UNIPC_SCHEDULER)
+    if "_class_name" in override:
+        return dict(override)
+    return {**UNIPC_SCHEDULER, **override}
+
+
+def make_tiny_checkpoint(root: Path, *, seed: int = 0, **overrides) -> Path:
+    """Write a tiny random checkpoint under ``root`` (created) and return ``root``."""
+    root = Path(root)
+    scheduler = _scheduler_config(overrides.pop("scheduler", None))
+    vae_overrides = overrides.pop("vae", {})
+    _write_transformer(root / "transformer", seed, overrides)
+    _write_vae(root / "vae", seed, vae_overrides)
+    _write_tokenizer(root / "text_tokenizer")
+    _write_json(root / "scheduler" / "scheduler_config.json", scheduler)
+    _write_json(
+        root / "model_index.json",
+        {
+            "_class_name": "Cosmos3OmniPipeline",
+            "_diffusers_version": "0.37.1",
+            "scheduler": ["diffusers", scheduler["_class_name"]],
+            "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+            "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+            "vae": ["diffusers", "AutoencoderKLWan"],
+        },
+    )
+    return root
