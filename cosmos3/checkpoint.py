@@ -192,7 +192,7 @@ def _check_static_destinations(linears: dict[str, Linear], files: CheckpointFile
             raise CheckpointError(
                 f"{files.directory}: config.json declares ModelOpt static FP8 but {key} is {files.dtype_of(key)}; "
                 "a static recipe cannot run an unquantized checkpoint (drop quantization_config, or export the "
-                "model with `python -m cosmos3.fp8_export`)"
+                "model with cosmos3.fp8_export.export_static_fp8)"
             )
 
 

@@ -86,6 +86,9 @@ class Cosmos3Transformer(nn.Module):
         self.precision = precision
         self.dtype = dtype
         self.step_controller = None  # set by the loader when a step policy is in force
+        # The last layer's UND MLP output is never read (GEN needs only its K/V), so it is
+        # skipped; FP8 calibration turns this off so every projection sees activations.
+        self.skip_unread_und_mlp = True
         quant = config.quantization
         method = get_quant_method(precision)
         split = precision == "fp8-static"
@@ -137,7 +140,7 @@ class Cosmos3Transformer(nn.Module):
         keys, values = [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x, k, v = layer.forward_und(x, cos, sin, kv_only=i == last)
+            x, k, v = layer.forward_und(x, cos, sin, kv_only=self.skip_unread_und_mlp and i == last)
             keys.append(k)
             values.append(v)
         return UndCache(keys, values, ids.numel())
