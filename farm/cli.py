@@ -1,0 +1,246 @@
+"""`farm validate | plan | submit | retry | status`.
+
+Each `do_<command>(args)` returns a `Result`; `@print_result` prints it (text, or `--output json`) and turns
+it into the exit code. A `FarmError` (bad manifest, no cluster, no records) prints as one message, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from farm import driver, manifest as manifests, storage
+from farm.errors import FarmError, ManifestError, StateError
+from farm.events import configure_logging
+
+EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
+
+
+@dataclass
+class Result:
+    ok: bool
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+    code: int | None = None  # None: 0 when ok, else 1
+
+    @property
+    def exit_code(self) -> int:
+        return self.code if self.code is not None else (0 if self.ok else 1)
+
+
+def print_result(do: Callable[[argparse.Namespace], Result]) -> Callable[[argparse.Namespace], int]:
+    @functools.wraps(do)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            result = do(args)
+        except FarmError as err:
+            result = Result(False, f"error: {err}", _error_data(err))
+        except KeyboardInterrupt:
+            result = Result(False, "interrupted", {"interrupted": True}, EXIT_INTERRUPTED)
+        if args.output == "json":
+            print(json.dumps({"ok": result.ok, **result.data}, indent=2, default=str))
+        else:
+            print(result.text, file=sys.stdout if result.ok else sys.stderr)
+        return result.exit_code
+
+    return run
+
+
+def _error_data(err: FarmError) -> dict[str, Any]:
+    data: dict[str, Any] = {"error": str(err)}
+    if isinstance(err, ManifestError):
+        data["problems"] = [{"file": str(err.path), "line": p.line, "where": p.where, "message": p.message}
+                            for p in err.problems]
+    return data
+
+
+def _load(path: str) -> manifests.Manifest:
+    try:
+        return manifests.load(path)
+    except OSError as err:
+        raise StateError(f"cannot read manifest {path}: {err.strerror or err}") from err
+
+
+# -- validate / plan ---------------------------------------------------------------------------------
+
+
+@print_result
+def do_validate(args: argparse.Namespace) -> Result:
+    m = _load(args.manifest)
+    ids = len({job.id for job in m.jobs})
+    text = f"{Path(m.path).name}: ok, {ids} jobs -> {len(m.jobs)} renders into {m.output_root}"
+    return Result(True, text, {"manifest": m.path, "jobs": ids, "renders": len(m.jobs)})
+
+
+@print_result
+def do_plan(args: argparse.Namespace) -> Result:
+    m = _load(args.manifest)
+    rows = [_plan_row(m, job) for job in sorted(m.jobs, key=lambda j: (-j.priority, j.order))]
+    todo = sum(row["state"] == "todo" for row in rows)
+    header = f"{m.name}: {len(rows)} renders, {todo} to do, {len(rows) - todo} done; model {m.model.checkpoint}"
+    return Result(True, "\n".join([header, _table(rows)]), {"manifest": m.path, "jobs": rows})
+
+
+def _plan_row(m: manifests.Manifest, job: manifests.Job) -> dict[str, Any]:
+    return {
+        "key": job.key, "task": job.task, "size": f"{job.width}x{job.height}", "frames": job.frames,
+        "steps": job.steps, "seed": job.seed, "priority": job.priority,
+        "state": "done" if storage.is_done(job) else "todo",
+        "output": str(Path(job.media).relative_to(m.output_root)),
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# -- submit / retry ----------------------------------------------------------------------------------
+
+
+@print_result
+def do_submit(args: argparse.Namespace) -> Result:
+    return _run(_load(args.manifest), args, only=None)
+
+
+@print_result
+def do_retry(args: argparse.Namespace) -> Result:
+    m = _load(args.manifest)
+    state = storage.read_states(m.output_root).get(m.name)
+    if state is None:
+        raise StateError(f"no runs of {m.name} recorded under {m.output_root}; use farm submit")
+    failed = frozenset(key for key, entry in state.get("jobs", {}).items() if entry.get("state") == "failed")
+    if not failed:
+        return Result(True, f"{m.name}: no failed jobs to retry", {"retried": []})
+    return _run(m, args, only=failed)
+
+
+def _run(m: manifests.Manifest, args: argparse.Namespace, only: frozenset[str] | None) -> Result:
+    options = driver.SubmitOptions(
+        address=args.address, workers=args.workers, accelerator_type=args.accelerator_type,
+        force=args.force, only=only, factory=args.pipeline, init_failure_budget=args.init_failures,
+        start_timeout=args.start_timeout, progress=not args.no_progress,
+    )
+    # `ray job stop` and schedulers send SIGTERM: end as cleanly as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        report = driver.submit(m, options)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return _report_result(report)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _report_result(report: driver.RunReport) -> Result:
+    c = report.counts
+    lines = [f"{report.manifest.name}: {c['done']} done, {c['failed']} failed, {c['pending']} pending, "
+             f"{c['skipped']} skipped (already done) in {report.seconds:.1f}s"]
+    failures = {k: o for k, o in report.outcomes.items() if o.state != "done"}
+    lines += [f"  {key} ({o.state}, {o.attempts} attempts): {o.error or 'not run'}" for key, o in failures.items()]
+    if report.interrupted:
+        lines.append("interrupted: in-flight jobs were cancelled; farm submit again renders what is missing")
+    lines.append(f"outputs: {report.manifest.output_root}")
+    if report.dashboard_url:
+        lines.append(f"dashboard: {report.dashboard_url}")
+    lines.append(f"summary: {report.summary_path}")
+    data = {"run": report.run_id, "counts": c, "summary": report.summary_path, "interrupted": report.interrupted,
+            "failed": {k: {"state": o.state, "attempts": o.attempts, "error": o.error} for k, o in failures.items()}}
+    return Result(report.ok, "\n".join(lines), data, EXIT_INTERRUPTED if report.interrupted else None)
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+
+@print_result
+def do_status(args: argparse.Namespace) -> Result:
+    states = storage.read_states(args.output_root)
+    if not states:
+        raise StateError(f"no farm records under {args.output_root} (expected {manifests.RECORDS_DIR}/<name>/state.json)")
+    rows = [_status_row(name, state) for name, state in states.items()]
+    return Result(True, _table(rows), {"manifests": rows})
+
+
+def _status_row(name: str, state: dict) -> dict[str, Any]:
+    if "unreadable" in state:
+        return {"manifest": name, "done": "-", "failed": "-", "pending": "-", "last_run": state["unreadable"]}
+    counts = {"done": 0, "failed": 0, "pending": 0}
+    for entry in state.get("jobs", {}).values():
+        # Trust storage, not the record: a deleted or replaced output is pending again.
+        if storage.check_published(entry["media"], entry["config_hash"]) is None:
+            counts["done"] += 1
+        else:
+            counts["failed" if entry.get("state") == "failed" else "pending"] += 1
+    return {"manifest": name, **counts, "last_run": f"{state.get('run')} ({state.get('result')})"}
+
+
+# -- arguments ---------------------------------------------------------------------------------------
+
+
+def _factory(spec: str) -> Any:
+    """`module:function` -> the function (a `worker.actor.PipelineFactory`)."""
+    module_name, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(f"cannot import pipeline factory {spec!r}: {err}") from err
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--output", choices=("text", "json"), default="text", help="result format on stdout")
+    common.add_argument("--log-json", action="store_true", help="log one JSON object a line")
+    parser = argparse.ArgumentParser(prog="farm", description="Render YAML manifests of Cosmos3 jobs on Ray.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    for name, do, help_ in (("validate", do_validate, "check a manifest; nothing is rendered"),
+                            ("plan", do_plan, "list resolved jobs, output paths and what is done")):
+        sub = commands.add_parser(name, parents=[common], help=help_)
+        sub.add_argument("manifest")
+        sub.set_defaults(func=do)
+
+    for name, do, help_ in (("submit", do_submit, "render every job that is not done"),
+                            ("retry", do_retry, "render again the jobs the last runs left failed")):
+        sub = commands.add_parser(name, parents=[common], help=help_)
+        sub.add_argument("manifest")
+        _add_run_options(sub)
+        sub.set_defaults(func=do)
+
+    status = commands.add_parser("status", parents=[common], help="done / failed / pending per manifest")
+    status.add_argument("output_root")
+    status.set_defaults(func=do_status)
+    return parser
+
+
+def _add_run_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--address", help="Ray cluster to join (default: start one here, dashboard on 127.0.0.1)")
+    sub.add_argument("--workers", type=int, help="CPU workers when the cluster has no GPUs (default 1); "
+                                                 "else at most this many GPU workers")
+    sub.add_argument("--accelerator-type", help="only use GPUs of this type, e.g. B200 or H200")
+    sub.add_argument("--force", action="store_true", help="render jobs that are already done")
+    sub.add_argument("--pipeline", type=_factory, default="worker.actor:cosmos3_factory", metavar="MODULE:FUNC",
+                     help="pipeline factory (worker.fake:factory renders flat colours without a model)")
+    sub.add_argument("--init-failures", type=int, help="worker starts that may fail in a run (default: workers)")
+    sub.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a worker to load its model")
+    sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_json)
+    return args.func(args)
+

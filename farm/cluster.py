@@ -1,0 +1,101 @@
+"""Getting workers: connect to a Ray cluster (or start one here), size the worker pool, launch RenderWorkers.
+
+One worker per GPU (`num_gpus=1`; Ray sets CUDA_VISIBLE_DEVICES, so each sees `cuda:0`). A cluster with
+no GPUs gets CPU workers instead, for the demo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from farm.errors import ClusterError
+from farm.manifest import ModelSpec
+from farm.scheduler import Launch
+from worker.actor import PipelineFactory, RenderWorker
+
+
+@dataclass(frozen=True)
+class Connection:
+    owned: bool  # this process started the cluster (or the connection) and shuts it down
+    dashboard_url: str | None
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    count: int
+    num_gpus: int  # 1 per GPU worker, 0 for CPU workers
+    num_cpus: float
+    accelerator_type: str | None
+
+
+def connect(address: str | None) -> Connection:
+    """Joins the cluster at `address`, or starts an embedded one with the dashboard on 127.0.0.1.
+
+    A process that is already connected (tests, a notebook) keeps its connection.
+    # Raises: ClusterError when no cluster answers at `address`.
+    """
+    if ray.is_initialized():
+        return Connection(owned=False, dashboard_url=None)
+    try:
+        if address:
+            context = ray.init(address=address)
+        else:
+            context = ray.init(include_dashboard=True, dashboard_host="127.0.0.1")
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}") from err
+    url = context.dashboard_url
+    return Connection(owned=True, dashboard_url=f"http://{url}" if url else None)
+
+
+def disconnect(connection: Connection) -> None:
+    if connection.owned:
+        ray.shutdown()
+
+
+def _gpus(accelerator_type: str | None) -> int:
+    """GPUs on alive nodes, only those of `accelerator_type` when given (Ray's `accelerator_type:<T>` resource)."""
+    total = 0
+    for node in ray.nodes():
+        resources = node.get("Resources", {})
+        if node.get("Alive") and (accelerator_type is None or f"accelerator_type:{accelerator_type}" in resources):
+            total += int(resources.get("GPU", 0))
+    return total
+
+
+def plan_workers(workers: int | None, accelerator_type: str | None) -> WorkerPlan:
+    """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs.
+
+    # Raises: ClusterError when asked for a GPU type or count the cluster does not have.
+    """
+    gpus = _gpus(accelerator_type)
+    if accelerator_type and not gpus:
+        raise ClusterError(f"no {accelerator_type} GPUs in the cluster (--accelerator-type {accelerator_type})")
+    if gpus:
+        if workers and workers > gpus:
+            raise ClusterError(f"--workers {workers} asks for more GPU workers than the cluster's {gpus} GPUs")
+        return WorkerPlan(workers or gpus, 1, 1, accelerator_type)
+    count = workers or 1
+    # CPU workers split the cores, so torch's threads in one worker do not fight another's.
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // count)
+    return WorkerPlan(count, 0, cpus, None)
+
+
+def launcher(plan: WorkerPlan, model: ModelSpec, factory: PipelineFactory, origin: dict) -> Launch:
+    """A function that starts one RenderWorker for a slot."""
+    options: dict[str, Any] = {
+        "num_gpus": plan.num_gpus, "num_cpus": plan.num_cpus,
+        # The driver replaces dead workers and retries jobs itself (it must pick a different worker and
+        # count init failures), so Ray restarts and retries nothing.
+        "max_restarts": 0, "max_task_retries": 0,
+    }
+    if plan.accelerator_type:
+        options["accelerator_type"] = plan.accelerator_type
+    actor_class = ray.remote(RenderWorker).options(**options)
+
+    def launch(slot: int) -> Any:
+        return actor_class.remote(model, factory, origin, slot)
+
+    return launch

@@ -1,0 +1,148 @@
+"""One `farm submit`: skip what is done, get workers, run the scheduler, leave state and a summary on storage.
+
+Records under `<output.root>/.farm/<manifest name>/`: `state.json` (every job's state, for `farm status`
+and `farm retry`), `events.jsonl` (every run's events) and `runs/<run id>.json` (one run's summary).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+
+import structlog
+
+from farm import cluster, storage
+from farm.events import RunLog
+from farm.manifest import Manifest
+from farm.metrics import RunMetrics
+from farm.scheduler import Outcome, Scheduler, Settings
+from worker.actor import PipelineFactory, cosmos3_factory
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class SubmitOptions:
+    address: str | None = None  # an existing cluster; None starts an embedded one
+    workers: int | None = None  # CPU workers without GPUs; at most this many GPU workers with them
+    accelerator_type: str | None = None  # e.g. B200: only GPUs of this type
+    force: bool = False  # render jobs that are already done
+    only: frozenset[str] | None = None  # job keys to consider (`farm retry`); None = all
+    factory: PipelineFactory = cosmos3_factory
+    init_failure_budget: int | None = None  # None: one failed start per worker
+    start_timeout: float = 900.0
+    progress: bool = True
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    manifest: Manifest
+    outcomes: dict[str, Outcome]  # the jobs this run rendered or tried
+    skipped: list[str]  # already done before the run
+    interrupted: bool = False
+    dashboard_url: str | None = None
+    summary_path: str | None = None
+    seconds: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and all(o.state == "done" for o in self.outcomes.values())
+
+
+def new_run_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
+    """Renders every job of `manifest` that is not done yet.
+
+    # Raises: ClusterError (no cluster, no GPUs of the asked type); KeyboardInterrupt outside the run loop.
+    """
+    started = time.monotonic()
+    report = RunReport(new_run_id(), manifest, {}, [])
+    jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
+    report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
+    todo = [job for job in jobs if job.key not in set(report.skipped)]
+    if todo:
+        _render(manifest, todo, options, report)
+    report.seconds = time.monotonic() - started
+    _record(report)
+    return report
+
+
+def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport) -> None:
+    for job in todo:
+        storage.discard_temps(job)  # left by a run that crashed mid-write
+    _write_state(report, "running")
+    connection = cluster.connect(options.address)
+    report.dashboard_url = connection.dashboard_url
+    if connection.dashboard_url:
+        structlog.get_logger("farm").info("dashboard", url=connection.dashboard_url)
+    log = RunLog(storage.events_path(manifest.output_root, manifest.name), report.run_id, len(todo),
+                 progress=options.progress)
+    try:
+        plan = cluster.plan_workers(options.workers, options.accelerator_type)
+        origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name}
+        settings = Settings(options.init_failure_budget or plan.count, options.start_timeout)
+        log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
+                 workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
+        scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
+                              settings, log, RunMetrics(manifest.name))
+        report.outcomes = scheduler.run()
+        report.interrupted = scheduler.interrupted
+        log.emit("run_finished", **_counts(report))
+    finally:
+        log.close()
+        cluster.disconnect(connection)
+
+
+def _counts(report: RunReport) -> dict[str, int]:
+    states = [o.state for o in report.outcomes.values()]
+    return {"done": states.count("done"), "failed": states.count("failed"), "pending": states.count("pending"),
+            "skipped": len(report.skipped)}
+
+
+def _result(report: RunReport) -> str:
+    if report.interrupted:
+        return "interrupted"
+    return "complete" if report.ok else "incomplete"
+
+
+def _record(report: RunReport) -> None:
+    manifest = report.manifest
+    report.counts = _counts(report)
+    path = storage.summary_path(manifest.output_root, manifest.name, report.run_id)
+    storage.write_json(path, {
+        "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
+        "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
+        "counts": report.counts, "skipped": report.skipped,
+        "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
+    })
+    report.summary_path = str(path)
+    _write_state(report, _result(report))
+
+
+def _write_state(report: RunReport, result: str) -> None:
+    """Every job of the manifest with its state; jobs outside this run keep what the last state said."""
+    manifest = report.manifest
+    path = storage.state_path(manifest.output_root, manifest.name)
+    previous = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("jobs", {})
+    jobs = {}
+    for job in manifest.jobs:
+        entry = {"media": job.media, "config_hash": job.config_hash, "state": "pending", "attempts": 0, "error": None}
+        old = previous.get(job.key, {})
+        if old.get("config_hash") == job.config_hash:
+            entry.update({k: old[k] for k in ("state", "attempts", "error") if k in old})
+        if job.key in report.skipped:
+            entry.update(state="done", attempts=0, error=None)
+        elif job.key in report.outcomes:
+            outcome = report.outcomes[job.key]
+            entry.update(state=outcome.state, attempts=outcome.attempts, error=outcome.error)
+        jobs[job.key] = entry
+    storage.write_json(path, {
+        "format": STATE_FORMAT, "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
+        "run": report.run_id, "result": result, "updated": time.time(), "jobs": jobs,
+    })

@@ -1,0 +1,59 @@
+"""Ray metrics (`ray.util.metrics`), exported on each node's metrics port for Prometheus and the dashboard.
+
+Ray prefixes names with `ray_` and suffixes counters with `_total`: `farm_jobs_done` is scraped as
+`ray_farm_jobs_done_total{manifest="city"}`. The driver owns the job metrics; each worker reports its
+own progress through the current job.
+"""
+
+from __future__ import annotations
+
+from ray.util.metrics import Counter, Gauge, Histogram
+
+_JOB_SECONDS = [1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600]
+_STEP_SECONDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30]
+
+
+class RunMetrics:
+    """The driver's view of one manifest's run."""
+
+    def __init__(self, manifest: str):
+        tags = {"manifest": manifest}
+        keys = ("manifest",)
+        self._done = Counter("farm_jobs_done", "Jobs rendered, published and verified", tag_keys=keys)
+        self._failed = Counter("farm_jobs_failed", "Jobs that ended failed after their retries", tag_keys=keys)
+        self._retried = Counter("farm_jobs_retried", "Attempts requeued after a failure or timeout", tag_keys=keys)
+        self._queue = Gauge("farm_queue_depth", "Jobs waiting for a worker", tag_keys=keys)
+        self._busy = Gauge("farm_busy_workers", "Workers rendering a job right now", tag_keys=keys)
+        self._job = Histogram("farm_job_seconds", "Wall time of one attempt, dispatch to result",
+                              boundaries=_JOB_SECONDS, tag_keys=keys)
+        self._step = Histogram("farm_step_seconds", "Wall time of one denoising step (both CFG passes)",
+                               boundaries=_STEP_SECONDS, tag_keys=keys)
+        for metric in (self._done, self._failed, self._retried, self._queue, self._busy, self._job, self._step):
+            metric.set_default_tags(tags)
+
+    def job_done(self, seconds: float, step_seconds: list[float]) -> None:
+        self._done.inc()
+        self._job.observe(seconds)
+        for step in step_seconds:
+            self._step.observe(step)
+
+    def job_failed(self) -> None:
+        self._failed.inc()
+
+    def job_retried(self) -> None:
+        self._retried.inc()
+
+    def load(self, queued: int, busy: int) -> None:
+        self._queue.set(queued)
+        self._busy.set(busy)
+
+
+class WorkerProgress:
+    """One worker's fraction of denoising steps done in its current job; the pipeline's step callback feeds it."""
+
+    def __init__(self, slot: int):
+        self._gauge = Gauge("farm_worker_progress", "Fraction of steps done in the current job", tag_keys=("slot",))
+        self._gauge.set_default_tags({"slot": str(slot)})
+
+    def step(self, step: int, num_steps: int) -> None:
+        self._gauge.set((step + 1) / num_steps)  # `step` counts from 0

@@ -1,0 +1,296 @@
+"""The driver loop: a priority queue of jobs, at most one job in flight per worker, and every failure policy.
+
+State lives in a few named collections (the shape of Ray's ActorPool): `pending` (jobs by priority, then
+manifest order), `idle` workers, `inflight` (result ref -> attempt) and `starting` (ready ref -> slot).
+The loop waits on all of them with one `ray.wait(num_returns=1)`; it never `ray.get`s anything that is
+not already finished.
+
+Failure policies (reference/farm-anchors.md §6):
+- an attempt that fails is requeued, on a *different* worker while one that has not failed it is alive;
+- Ray has no task timeout, so an attempt past its job's timeout gets its worker killed and replaced;
+- a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU);
+- a worker that fails to start is started again, until RETIRE_AFTER starts in a row failed, or the run's
+  init-failure budget is spent, so one bad GPU neither stops the run nor loops forever;
+- Ctrl-C kills the workers and puts in-flight jobs back as pending: nothing half-written is kept.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayError, RayTaskError
+
+from farm import storage
+from farm.events import RunLog
+from farm.manifest import Job
+from farm.metrics import RunMetrics
+
+RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
+KILL_WAIT = 30.0  # seconds to wait for a killed worker's process to be gone
+
+
+@dataclass(frozen=True)
+class Settings:
+    init_failure_budget: int  # worker starts that may fail in one run before no more restarts are tried
+    start_timeout: float = 900.0  # seconds for a worker to load its model; longer counts as a failed start
+    poll: float = 1.0  # longest single wait, so deadlines are checked while nothing finishes
+
+
+@dataclass(eq=False)
+class Slot:
+    """A worker position (one GPU's worth of resources); its actor is replaced when it dies."""
+
+    index: int
+    actor: Any = None
+    started: float = 0.0  # monotonic time its current actor was created
+    identity: dict = field(default_factory=dict)  # what `RenderWorker.ready()` reported
+    failed_jobs: set[str] = field(default_factory=set)  # different jobs failed since its last success
+    failed_starts: int = 0  # in a row
+    retired: bool = False
+
+
+@dataclass(eq=False)
+class Attempt:
+    job: Job
+    slot: Slot
+    number: int  # 1 for the first attempt
+    started: float  # monotonic
+    deadline: float  # monotonic
+
+
+@dataclass
+class Outcome:
+    """How a job ended in this run: done, failed (after its retries) or pending (never finished)."""
+
+    state: str
+    attempts: int = 0
+    error: str | None = None
+    seconds: float | None = None  # the successful attempt, dispatch to result
+    worker: dict | None = None  # the identity of the worker that published it
+
+
+Launch = Callable[[int], Any]  # slot index -> a new RenderWorker actor handle
+
+
+def _rank(job: Job) -> tuple[int, int]:
+    return -job.priority, job.order
+
+
+def describe(err: BaseException) -> str:
+    """A one-line reason from a Ray error: the job's own exception, or why the worker died."""
+    if isinstance(err, RayTaskError) and err.cause is not None:
+        return f"{type(err.cause).__name__}: {err.cause}".splitlines()[0]
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if getattr(err, "actor_init_failed", False) and lines:
+        return lines[-1]  # the creation task's exception is the last line of Ray's message
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+class Scheduler:
+    def __init__(self, jobs: list[Job], launch: Launch, workers: int, settings: Settings,
+                 log: RunLog, metrics: RunMetrics):
+        self.launch, self.settings, self.log, self.metrics = launch, settings, log, metrics
+        self.run_id = log.run_id
+        self.slots = [Slot(i) for i in range(workers)]
+        self.pending: list[Job] = sorted(jobs, key=_rank)
+        self.idle: list[Slot] = []
+        self.inflight: dict[ray.ObjectRef, Attempt] = {}
+        self.starting: dict[ray.ObjectRef, Slot] = {}
+        self.attempts: dict[str, int] = {}
+        self.avoid: dict[str, set[int]] = {}  # job key -> slots it failed on
+        self.outcomes: dict[str, Outcome] = {job.key: Outcome("pending") for job in jobs}
+        self.failed_starts = 0
+        self.interrupted = False
+
+    def run(self) -> dict[str, Outcome]:
+        """Renders every job it can; returns each job's outcome. Ctrl-C ends it early (`interrupted`)."""
+        try:
+            for slot in self.slots:
+                self._start(slot)
+            while self.pending or self.inflight:
+                self._dispatch()
+                if not self.inflight and not self.starting:
+                    self._abandon("no worker left to run it (all retired or failed to start)")
+                    break
+                self._wait()
+                self._enforce_deadlines()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.log.emit("run_interrupted", inflight=[a.job.key for a in self.inflight.values()])
+        finally:
+            self._stop_workers()
+        return self.outcomes
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        for slot in list(self.idle):
+            job = self._next_job_for(slot)
+            if job is not None:
+                self.idle.remove(slot)
+                self._submit(slot, job)
+        self.metrics.load(len(self.pending), len(self.inflight))
+
+    def _next_job_for(self, slot: Slot) -> Job | None:
+        """The highest-ranked job this worker may take: one it has not failed, unless every live worker has."""
+        live = {s.index for s in self.slots if not s.retired}
+        for i, job in enumerate(self.pending):
+            avoid = self.avoid.get(job.key, set())
+            if slot.index not in avoid or live <= avoid:
+                return self.pending.pop(i)
+        return None
+
+    def _submit(self, slot: Slot, job: Job) -> None:
+        number = self.attempts[job.key] = self.attempts.get(job.key, 0) + 1
+        # Named per job so the dashboard groups a job's attempts.
+        ref = slot.actor.render.options(name=f"render:{job.key}").remote(job, number)
+        now = time.monotonic()
+        self.inflight[ref] = Attempt(job, slot, number, now, now + job.timeout)
+        self.log.emit("job_started", key=job.key, attempt=number, slot=slot.index, node=slot.identity.get("node"))
+
+    def _requeue(self, job: Job) -> None:
+        bisect.insort(self.pending, job, key=_rank)
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        now = time.monotonic()
+        deadlines = [a.deadline for a in self.inflight.values()]
+        deadlines += [s.started + self.settings.start_timeout for s in self.starting.values()]
+        timeout = max(0.0, min([self.settings.poll, *(d - now for d in deadlines)]))
+        ready, _ = ray.wait([*self.inflight, *self.starting], num_returns=1, timeout=timeout)
+        for ref in ready:
+            if ref in self.starting:
+                self._on_started(self.starting.pop(ref), ref)
+            else:
+                self._on_result(self.inflight.pop(ref), ref)
+
+    def _on_started(self, slot: Slot, ref: ray.ObjectRef) -> None:
+        try:
+            slot.identity = ray.get(ref)
+        except RayError as err:
+            self._start_failed(slot, describe(err))
+            return
+        slot.failed_starts = 0
+        self.idle.append(slot)
+        self.log.emit("worker_ready", **slot.identity)
+        if slot.identity.get("gpu") and slot.identity.get("device") == "cpu":
+            self.log.emit("worker_on_cpu", slot=slot.index, reason="holds a Ray GPU but CUDA is not available")
+
+    def _on_result(self, attempt: Attempt, ref: ray.ObjectRef) -> None:
+        try:
+            result = ray.get(ref)
+        except RayTaskError as err:  # the job raised; its worker is fine
+            self._attempt_failed(attempt, describe(err), worker_lost=False)
+            return
+        except RayError as err:  # the worker died: a crash, the OOM killer, a lost node
+            self._attempt_failed(attempt, f"worker lost: {describe(err)}", worker_lost=True)
+            return
+        problem = storage.check_published(attempt.job.media, attempt.job.config_hash, (self.run_id, attempt.number))
+        if problem:
+            self._attempt_failed(attempt, f"published output does not verify: {problem}", worker_lost=False)
+        else:
+            self._succeeded(attempt, result)
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for ref, attempt in list(self.inflight.items()):
+            if now >= attempt.deadline:
+                del self.inflight[ref]
+                self.log.emit("job_timeout", key=attempt.job.key, attempt=attempt.number, slot=attempt.slot.index)
+                # Ray cannot interrupt a running actor task; killing the actor is the only way to stop it.
+                self._kill([attempt.slot], [ref])
+                reason = f"timed out after {attempt.job.timeout:g}s (worker killed)"
+                self._attempt_failed(attempt, reason, worker_lost=True)
+        for ref, slot in list(self.starting.items()):
+            if now >= slot.started + self.settings.start_timeout:
+                del self.starting[ref]
+                self._start_failed(slot, f"not ready within {self.settings.start_timeout:g}s")
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def _succeeded(self, attempt: Attempt, result: dict) -> None:
+        slot, job = attempt.slot, attempt.job
+        slot.failed_jobs.clear()
+        self.idle.append(slot)
+        seconds = time.monotonic() - attempt.started
+        self.outcomes[job.key] = Outcome("done", attempt.number, None, seconds, slot.identity)
+        self.metrics.job_done(seconds, result["timings"].get("steps", []))
+        self.log.emit("job_done", key=job.key, attempt=attempt.number, slot=slot.index, seconds=round(seconds, 3),
+                      worker_started=result["started"], worker_finished=result["finished"])
+
+    def _attempt_failed(self, attempt: Attempt, error: str, *, worker_lost: bool) -> None:
+        job, slot = attempt.job, attempt.slot
+        # The attempt is over (its worker raised, died or was killed): whatever it half-wrote can go.
+        storage.discard_temps(job)
+        self.avoid.setdefault(job.key, set()).add(slot.index)
+        slot.failed_jobs.add(job.key)
+        if attempt.number > job.retries:
+            self.outcomes[job.key] = Outcome("failed", attempt.number, error)
+            self.metrics.job_failed()
+            self.log.emit("job_failed", key=job.key, attempt=attempt.number, slot=slot.index, error=error)
+        else:
+            self.outcomes[job.key] = Outcome("pending", attempt.number, error)
+            self._requeue(job)
+            self.metrics.job_retried()
+            self.log.emit("job_retry", key=job.key, attempt=attempt.number, slot=slot.index, error=error)
+        self._after_failure(slot, error, worker_lost)
+
+    def _after_failure(self, slot: Slot, error: str, worker_lost: bool) -> None:
+        if len(slot.failed_jobs) >= RETIRE_AFTER:
+            self._retire(slot, f"failed {len(slot.failed_jobs)} different jobs in a row; last: {error}")
+        elif worker_lost:
+            self.log.emit("worker_lost", slot=slot.index, node=slot.identity.get("node"), error=error)
+            self._restart(slot)
+        else:
+            self.idle.append(slot)
+
+    def _abandon(self, reason: str) -> None:
+        for job in self.pending:
+            self.outcomes[job.key].error = reason
+        self.log.emit("run_stalled", reason=reason, left=[job.key for job in self.pending])
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def _start(self, slot: Slot) -> None:
+        slot.actor = self.launch(slot.index)
+        slot.started = time.monotonic()
+        self.starting[slot.actor.ready.remote()] = slot
+
+    def _restart(self, slot: Slot) -> None:
+        self._kill([slot])
+        self._start(slot)
+
+    def _kill(self, slots: list[Slot], running: list[ray.ObjectRef] = ()) -> None:
+        for slot in slots:
+            ray.kill(slot.actor, no_restart=True)
+        if running:
+            # A killed worker's result fails once its process is gone; only then can no temp file appear.
+            ray.wait(list(running), num_returns=len(running), timeout=KILL_WAIT)
+
+    def _start_failed(self, slot: Slot, error: str) -> None:
+        self.failed_starts += 1
+        slot.failed_starts += 1
+        self.log.emit("worker_init_failed", slot=slot.index, error=error, in_a_row=slot.failed_starts,
+                      run_total=self.failed_starts)
+        if slot.failed_starts >= RETIRE_AFTER or self.failed_starts >= self.settings.init_failure_budget:
+            self._retire(slot, f"could not start: {error}")
+        else:
+            self._restart(slot)
+
+    def _retire(self, slot: Slot, reason: str) -> None:
+        slot.retired = True
+        self._kill([slot])
+        self.log.emit("worker_retired", slot=slot.index, node=slot.identity.get("node"), reason=reason)
+
+    def _stop_workers(self) -> None:
+        """Kills every actor (they are the driver's; a shared cluster gets its GPUs back at once)."""
+        self._kill([s for s in self.slots if s.actor is not None], list(self.inflight))
+        for attempt in self.inflight.values():
+            storage.discard_temps(attempt.job)
+        self.inflight.clear()
+        self.starting.clear()

@@ -1,0 +1,177 @@
+"""Shared storage: atomic publish, sidecars as commit markers, done checks, and the farm's own records.
+
+A render is *published* in two steps, each a temp file in the target folder, fsync, `os.replace`:
+first the media, then its JSON sidecar. The sidecar is the commit marker: a job is done only when its
+sidecar exists, records the job's current config hash, and the media's sha256 matches it. A crash at
+any point leaves either nothing, a temp file (swept by the driver), or media without a sidecar
+(not done, rendered again). Temp names carry the attempt so two attempts never share one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from farm.manifest import RECORDS_DIR, Job
+
+SIDECAR_FORMAT = 1
+_CHUNK = 1 << 20
+
+
+def sidecar_path(media: str | Path) -> Path:
+    """`city/dusk_s7.mp4` -> `city/dusk_s7.mp4.json` (keeping the extension keeps PNG and MP4 sidecars apart)."""
+    return Path(f"{media}.json")
+
+
+def _temp_path(final: Path, attempt: int) -> Path:
+    # Hidden, named after its target and attempt, so `discard_temps` finds exactly a job's leftovers.
+    return final.parent / f".{final.name}.a{attempt}.{os.getpid()}.tmp"
+
+
+def publish(final: Path, attempt: int, write: Callable[[Path], None]) -> tuple[str, int]:
+    """Has `write(temp)` fill a temp file beside `final`, makes it durable and renames it into place.
+
+    Returns the sha256 and size of what was published. Nothing is left behind if `write` fails.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temp = _temp_path(final, attempt)
+    try:
+        write(temp)
+        digest, size = _fsync_and_hash(temp)
+        os.replace(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(final.parent)
+    return digest, size
+
+
+def write_json(final: Path, data: Any, attempt: int = 0) -> None:
+    """Publishes a JSON file atomically (sidecars, farm state, run summaries)."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    publish(final, attempt, lambda temp: temp.write_text(text))
+
+
+def _fsync_and_hash(path: Path) -> tuple[str, int]:
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb+") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+        os.fsync(handle.fileno())
+    return digest.hexdigest(), size
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename is only durable once the directory entry is on disk.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], **facts: Any) -> dict:
+    """The sidecar record: the job as resolved, what rendered it, and the media's sha256 (what `check_published` reads).
+
+    `facts` are the render's provenance: manifest, checkpoint identity, precision and step policy used,
+    per-stage timings, node, GPU, start and end times.
+    """
+    digest, size = media
+    return {
+        "format": SIDECAR_FORMAT,
+        "key": job.key,
+        "config_hash": job.config_hash,
+        "run": run,
+        "attempt": attempt,
+        "seed": job.seed,
+        "job": dataclasses.asdict(job),
+        "media": {"file": Path(job.media).name, "sha256": digest, "bytes": size},
+        **facts,
+    }
+
+
+def read_sidecar(media: str | Path) -> dict | None:
+    try:
+        data = json.loads(sidecar_path(media).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def check_published(media: str | Path, config_hash: str, attempt: tuple[str, int] | None = None) -> str | None:
+    """None when the render of `config_hash` is published at `media`; else why not.
+
+    `attempt` (run id, attempt number) also requires that attempt to be the publisher: a result is only
+    accepted from the attempt the driver is waiting for, never from a stale one.
+    """
+    sidecar = read_sidecar(media)
+    if sidecar is None:
+        return "no sidecar"
+    if sidecar.get("config_hash") != config_hash:
+        return "sidecar records another config"
+    if attempt is not None and (sidecar.get("run"), sidecar.get("attempt")) != attempt:
+        return f"sidecar is from run {sidecar.get('run')} attempt {sidecar.get('attempt')}, not {attempt}"
+    try:
+        actual = sha256_file(Path(media))
+    except OSError:
+        return "media missing"
+    return None if actual == (sidecar.get("media") or {}).get("sha256") else "media does not match its sidecar"
+
+
+def is_done(job: Job) -> bool:
+    return check_published(job.media, job.config_hash) is None
+
+
+def discard_temps(job: Job) -> int:
+    """Removes temp files that earlier attempts of `job` left (a worker killed mid-write). Returns how many."""
+    final = Path(job.media)
+    removed = 0
+    for pattern in (f".{final.name}.a*.tmp", f".{sidecar_path(final).name}.a*.tmp"):
+        for temp in final.parent.glob(pattern):
+            temp.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+# -- the farm's own records: <output.root>/.farm/<manifest name>/ -----------------------------------------
+
+
+def records_dir(output_root: str | Path, name: str) -> Path:
+    return Path(output_root) / RECORDS_DIR / name
+
+
+def state_path(output_root: str | Path, name: str) -> Path:
+    """Per-job state of a manifest (done / failed / pending), outliving the cluster; `farm status` reads it."""
+    return records_dir(output_root, name) / "state.json"
+
+
+def events_path(output_root: str | Path, name: str) -> Path:
+    return records_dir(output_root, name) / "events.jsonl"
+
+
+def summary_path(output_root: str | Path, name: str, run_id: str) -> Path:
+    return records_dir(output_root, name) / "runs" / f"{run_id}.json"
+
+
+def read_states(output_root: str | Path) -> dict[str, dict]:
+    """Every manifest's state file under a root, by manifest name."""
+    states = {}
+    for path in sorted((Path(output_root) / RECORDS_DIR).glob("*/state.json")):
+        try:
+            states[path.parent.name] = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            states[path.parent.name] = {"unreadable": f"{path}: {err}"}
+    return states

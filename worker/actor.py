@@ -1,0 +1,114 @@
+"""RenderWorker: one Ray actor per GPU. It loads a pipeline once, then renders, publishes and reports jobs.
+
+The actor returns a small dict, never frames: media go straight to shared storage (`farm.storage.publish`),
+so the object store never carries video. The pipeline comes from a *factory* so tests and benchmarks can
+render with a fake; the default factory builds `cosmos3.pipeline.Cosmos3Pipeline`, importing torch only
+inside the actor, never in the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import ray
+
+from farm import checkpoint, metrics, storage
+from farm.errors import WorkerConfigError
+from farm.manifest import Job, ModelSpec
+from worker import encode
+
+
+class Output(Protocol):
+    frames: Any  # numpy uint8 [T, H, W, 3]
+    fps: float
+    timings: dict  # {"tokenize": s, "und": s, "steps": [s, ...], "vae": s, "total": s}
+    info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}}
+
+
+StepCallback = Callable[[int, int], None]  # (step, num_steps), after each denoising step
+
+
+class Renderer(Protocol):
+    device: str
+
+    def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output: ...
+
+
+PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor holds a GPU) -> renderer
+
+
+class _Cosmos3Renderer:
+    def __init__(self, pipeline, request_type, device: str):
+        self._pipeline, self._request_type, self.device = pipeline, request_type, device
+
+    def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output:
+        return self._pipeline(self._request_type(**request), callback=callback)
+
+
+def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
+    """The real pipeline, on the actor's GPU (Ray sets CUDA_VISIBLE_DEVICES, so it is `cuda`)."""
+    import torch  # here, not at the top: the driver imports this module and may have no torch
+
+    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+
+    # A logical GPU without CUDA only happens in tests (`ray.init(num_gpus=N)` on a CPU machine);
+    # the device is reported by `ready()` and the driver warns about it.
+    device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    pipeline = Cosmos3Pipeline.from_pretrained(
+        model.checkpoint, device=device, precision=model.precision, step_precision=model.step_precision
+    )
+    return _Cosmos3Renderer(pipeline, RenderRequest, device)
+
+
+def refuse_sharded_static_fp8(model: ModelSpec) -> None:
+    """Defence in depth behind the manifest check, on the worker's own view of the checkpoint."""
+    config = checkpoint.read_transformer_config(Path(model.checkpoint))
+    sharded = {axis: size for axis, size in model.parallel.items() if size > 1}
+    if sharded and model.precision == "auto" and checkpoint.uses_static_fp8(config):
+        axis, size = next(iter(sharded.items()))
+        raise WorkerConfigError(f"static FP8 runs one GPU per worker; got parallel.{axis}={size} (set it to 1)")
+
+
+class RenderWorker:
+    """Created by the driver with `ray.remote(RenderWorker).options(num_gpus=1, ...)`; one job at a time."""
+
+    def __init__(self, model: ModelSpec, factory: PipelineFactory, origin: dict[str, Any], slot: int):
+        """`origin`: the run id (`run`) and the manifest's path and sha256, recorded in every sidecar."""
+        refuse_sharded_static_fp8(model)
+        context = ray.get_runtime_context()
+        gpus = context.get_accelerator_ids().get("GPU", [])
+        self._renderer = factory(model, bool(gpus))
+        self._origin = origin
+        self._progress = metrics.WorkerProgress(slot)
+        self._identity = {
+            "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),
+            "gpu": list(gpus), "device": self._renderer.device, "pid": os.getpid(),
+        }
+
+    def ready(self) -> dict[str, Any]:
+        """Answers once the pipeline is loaded: where this worker runs."""
+        return self._identity
+
+    def render(self, job: Job, attempt: int) -> dict[str, Any]:
+        """Renders `job`, publishes media then sidecar, returns a small summary for the driver."""
+        started = time.time()
+        output = self._renderer(job.request(), self._progress.step)
+        rendered = time.time()
+        media = storage.publish(
+            Path(job.media), attempt,
+            lambda temp: encode.write_media(output.frames, output.fps, temp, image=job.task == "t2i"),
+        )
+        finished = time.time()
+        timings = {**output.timings, "publish": finished - rendered}
+        record = storage.sidecar_record(
+            job, self._origin["run"], attempt, media, manifest=self._origin, worker=self._identity, timings=timings,
+            checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
+            step_policy=output.info.get("step_policy"), started=started, finished=finished,
+        )
+        storage.write_json(storage.sidecar_path(job.media), record, attempt)
+        return {"key": job.key, "attempt": attempt, "sha256": media[0], "timings": timings,
+                "started": started, "finished": time.time()}
