@@ -113,6 +113,29 @@ class CheckpointFiles:
             return tuple(f.get_slice(raw_key).get_shape())
 
 
+class TensorDict:
+    """In-memory tensors behind the same interface as CheckpointFiles (benchmarks, conversions)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], directory: str = "<memory>"):
+        self._tensors = {normalize_key(k): v for k, v in tensors.items()}
+        self.directory = directory
+
+    def keys(self) -> set[str]:
+        return set(self._tensors)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._tensors
+
+    def get(self, key: str) -> torch.Tensor:
+        return self._tensors[key]
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        return self._tensors[key].dtype
+
+    def shape_of(self, key: str) -> tuple[int, ...]:
+        return tuple(self._tensors[key].shape)
+
+
 # safetensors dtype tags of the tensors a Cosmos3 checkpoint holds.
 _DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
@@ -124,7 +147,7 @@ def _linear_sources(name: str, linear: Linear) -> Iterator[tuple[str, str]]:
         yield shard, (f"{parent}.{shard}" if shard else name)
 
 
-def load_checkpoint(model: torch.nn.Module, files: CheckpointFiles) -> None:
+def load_checkpoint(model: torch.nn.Module, files: CheckpointFiles | TensorDict) -> None:
     """Fill every parameter of ``model`` from ``files``; raise one CheckpointError listing every problem."""
     linears = {name: m for name, m in model.named_modules() if isinstance(m, Linear)}
     plain = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from cosmos3 import ops
-from cosmos3.checkpoint import CheckpointFiles
+from cosmos3.checkpoint import CheckpointFiles, TensorDict
 from cosmos3.layers.linear import Linear
 from cosmos3.loader import load_transformer, transformer_dir
 from cosmos3.quant.fp8_static import FP8_MAX
@@ -107,7 +107,7 @@ def export_static_fp8(
     amax = calibrate_input_amax(model, calibrate)
     config = json.loads((src_dir / "config.json").read_text())
     quant = quantization_config(ignore=list(ignore), step_policy=step_policy)
-    tensors = _quantized_tensors(CheckpointFiles(src_dir), amax, quant)
+    tensors = quantize_tensors(CheckpointFiles(src_dir), amax, quant)
 
     if src_dir != src_root:  # copy the other components unchanged
         shutil.copytree(src_root, dst_root, ignore=shutil.ignore_patterns("transformer"), dirs_exist_ok=True)
@@ -118,7 +118,8 @@ def export_static_fp8(
     return dst_root
 
 
-def _quantized_tensors(files: CheckpointFiles, amax: dict[str, float], quant: dict) -> dict[str, torch.Tensor]:
+def quantize_tensors(files: CheckpointFiles | TensorDict, amax: dict[str, float], quant: dict) -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor, decoder projections (not ignored, calibrated) turned static FP8."""
     from cosmos3.config import QuantConfig
 
     rules = QuantConfig.from_dict(quant)

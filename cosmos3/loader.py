@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.checkpoint import CheckpointFiles, load_checkpoint
+from cosmos3.checkpoint import CheckpointFiles, TensorDict, load_checkpoint
 from cosmos3.config import Cosmos3Config, check_parallel, uses_static_fp8
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention import GEN
@@ -67,6 +67,22 @@ def load_transformer(
     """
     directory = transformer_dir(path)
     config = Cosmos3Config.from_json(directory / "config.json")
+    return build_transformer(config, CheckpointFiles(directory, device=device), device=device, dtype=dtype,
+                             precision=precision, step_precision=step_precision, parallel=parallel, lora=lora)
+
+
+def build_transformer(
+    config: Cosmos3Config,
+    tensors: CheckpointFiles | TensorDict,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    precision: str = "auto",
+    step_precision: str | dict | None = "auto",
+    parallel: dict[str, int] | None = None,
+    lora: object = None,
+) -> Cosmos3Transformer:
+    """The model for ``config`` filled from ``tensors`` (files, or a dict in memory)."""
     check_parallel(config, parallel)
     precision = resolve_precision(config, precision, lora)
     policy = resolve_policy(config.quantization, step_precision)
@@ -75,7 +91,7 @@ def load_transformer(
 
     with torch.device(device):
         model = Cosmos3Transformer(config, precision=precision, dtype=dtype)
-    load_checkpoint(model, CheckpointFiles(directory, device=device))
+    load_checkpoint(model, tensors)
     model.validate_after_loading()
     if policy is not None:
         gen, und = tower_linears(model)
