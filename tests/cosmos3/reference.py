@@ -38,6 +38,7 @@ def tiny_reference(seed: int = 0, **overrides) -> Cosmos3OmniTransformer:
 def reference_forward(model, input_ids, latents, timestep, *, fps=None, condition_frames=(), sound=None):
     """One evaluation: -> (vision velocity [C, T, H, W], sound velocity [sound_dim, T_s] or None)."""
     cfg = model.config
+    dev = latents.device
     p = cfg.latent_patch_size
     und_len = input_ids.numel()
     c, t, h, w = latents.shape
@@ -59,17 +60,18 @@ def reference_forward(model, input_ids, latents, timestep, *, fps=None, conditio
         sound_ids, _ = get_3d_mrope_ids_vae_tokens(t_s, 1, 1, offset, True, fps=sound_fps,
                                                    base_fps=float(cfg.base_fps), temporal_compression_factor=1)
         segments.append(sound_ids.float())
-        idx = torch.arange(seq_len, seq_len + t_s)
+        idx = torch.arange(seq_len, seq_len + t_s, device=dev)
         kwargs = dict(sound_tokens=[sound], sound_token_shapes=[(t_s, 1, 1)], sound_sequence_indexes=idx,
-                      sound_mse_loss_indexes=idx, sound_timesteps=torch.full((t_s,), float(timestep)),
-                      sound_noisy_frame_indexes=[torch.arange(t_s)])
+                      sound_mse_loss_indexes=idx, sound_timesteps=torch.full((t_s,), float(timestep), device=dev),
+                      sound_noisy_frame_indexes=[torch.arange(t_s, device=dev)])
         seq_len += t_s
     out = model(
-        input_ids=input_ids, text_indexes=torch.arange(und_len), position_ids=torch.cat(segments, dim=1),
-        und_len=und_len, sequence_length=seq_len, vision_tokens=[latents[None]], vision_token_shapes=[(t, hp, wp)],
-        vision_sequence_indexes=torch.arange(und_len, und_len + n_vision),
-        vision_mse_loss_indexes=torch.tensor(mse, dtype=torch.long),
-        vision_timesteps=torch.full((len(noisy) * hp * wp,), float(timestep)),
-        vision_noisy_frame_indexes=[torch.tensor(noisy, dtype=torch.long)], **kwargs,
+        input_ids=input_ids, text_indexes=torch.arange(und_len, device=dev),
+        position_ids=torch.cat(segments, dim=1).to(dev), und_len=und_len, sequence_length=seq_len,
+        vision_tokens=[latents[None]], vision_token_shapes=[(t, hp, wp)],
+        vision_sequence_indexes=torch.arange(und_len, und_len + n_vision, device=dev),
+        vision_mse_loss_indexes=torch.tensor(mse, dtype=torch.long, device=dev),
+        vision_timesteps=torch.full((len(noisy) * hp * wp,), float(timestep), device=dev),
+        vision_noisy_frame_indexes=[torch.tensor(noisy, dtype=torch.long, device=dev)], **kwargs,
     )
     return out.sample[0][0], (out.sound[0] if out.sound is not None else None)

@@ -1,0 +1,209 @@
+"""Per-step time and peak memory of the Cosmos3 transformer on Nano-shaped layers (needs CUDA).
+
+Variants, measured side by side in one run on the same random weights:
+  diffusers       diffusers' Cosmos3OmniTransformer (recomputes the UND tower every call)
+  bf16 no-cache   ours, BF16 fused topology, UND tower recomputed every step
+  bf16            ours, BF16 fused topology, UND K/V cached (only GEN runs per step)
+  fp8 split       ours, static FP8 W8A8, Q/K/V and gate/up split, shared input quantization
+  fp8 fused       static FP8 forced onto the fused topology (one max(scale) per fused weight,
+                  the layout TensorRT-LLM had before PR #17476); a speed baseline only
+  w8a16 step      the fp8 model on an edge step of the checkpoint's step policy
+Per variant: step time (median, CUDA events), GEN-linear time and attention time measured
+alone (their share of the step), weight memory of the decoder projections, peak memory of a
+step over the resident weights, and memory left behind after the step.
+
+    python benchmarks/bench_transformer.py --layers 4 --tokens 1024 44160
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cosmos3.checkpoint import TensorDict  # noqa: E402
+from cosmos3.config import Cosmos3Config  # noqa: E402
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, calibrate_input_amax, quantization_config, quantize_tensors  # noqa: E402
+from cosmos3.layers.attention import _sdpa  # noqa: E402
+from cosmos3.layers.linear import Linear, quantize_shared_input  # noqa: E402
+from cosmos3.loader import build_transformer  # noqa: E402
+from cosmos3.quant import STATIC_FP8  # noqa: E402
+
+# GEN tokens -> latent [C, T, H, W]: 1,024 = T2I 1024x1024; 44,160 = 720p, 189 frames (45 rows pad to 46).
+LATENT_SHAPES = {1024: (48, 1, 64, 64), 44160: (48, 48, 45, 80)}
+
+
+def nano_config(layers: int, vocab: int) -> dict:
+    return dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, vocab_size=vocab, latent_channel=48, latent_patch_size=2,
+                patch_latent_dim=192, rope_theta=5e6,
+                rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
+
+
+def timed(fn, iters: int, warmup: int) -> float:
+    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def peak_over_resident(fn) -> tuple[float, float]:
+    """(peak GiB above what was allocated before ``fn``, GiB still allocated after it)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    gib = 2**30
+    return (torch.cuda.max_memory_allocated() - before) / gib, (torch.cuda.memory_allocated() - before) / gib
+
+
+def projection_gib(model) -> float:
+    tensors = [p for m in model.modules() if isinstance(m, Linear) for p in m.parameters()]
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**30
+
+
+def gen_linears(model, x: torch.Tensor) -> None:
+    """Every GEN-tower projection of a step (Q/K/V, O, gate/up, swiglu, down) on ``x`` ``[N, H]``."""
+    for layer in model.layers:
+        attn = layer.self_attn
+        if attn.split_qkv:
+            projections = [attn.add_q_proj, attn.add_k_proj, attn.add_v_proj]
+            x_in = quantize_shared_input(x, projections)
+            for proj in projections:
+                proj(x_in)
+        else:
+            attn.add_qkv_proj(x)
+        attn.to_add_out(x[:, : attn.num_heads * attn.head_dim])
+        layer.mlp_moe_gen(x)
+
+
+def attention_only(model, n_gen: int, n_und: int) -> None:
+    cfg = model.config
+    q = torch.randn(n_gen, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(n_gen + n_und, cfg.num_key_value_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    for _ in model.layers:
+        _sdpa(q, kv, kv, causal=False)
+
+
+def fuse_static_fp8(bf16_model, fp8_model) -> None:
+    """Baseline: give ``bf16_model``'s fused projections the FP8 tensors of ``fp8_model`` under one max scale."""
+    for name, fused in bf16_model.named_modules():
+        if not isinstance(fused, Linear):
+            continue
+        parent = name.rsplit(".", 1)[0]
+        shards = [fp8_model.get_submodule(f"{parent}.{k}" if k else name) for k in fused.shard_keys]
+        scale = torch.stack([s.weight_scale for s in shards]).max()
+        weight = torch.cat([(s.weight.float() * s.weight_scale / scale).clamp(-448, 448) for s in shards])
+        fused.weight = torch.nn.Parameter(weight.to(torch.float8_e4m3fn), False)
+        fused.weight_scale = torch.nn.Parameter(scale, False)
+        fused.input_scale = torch.nn.Parameter(shards[0].input_scale.clone(), False)
+        fused.out_dtype = torch.bfloat16
+        fused.quant_method = STATIC_FP8  # apply() only needs the tensors; the fused layout is the point
+
+
+def build_models(layers: int, vocab: int, with_diffusers: bool):
+    from diffusers import Cosmos3OmniTransformer
+
+    torch.manual_seed(0)
+    cfg = nano_config(layers, vocab)
+    reference = Cosmos3OmniTransformer(**cfg).to("cuda", torch.bfloat16).eval()
+    reference.time_embedder.float()
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            p.copy_((1.0 + 0.05 * torch.randn_like(p)) if "norm" in name else 0.02 * torch.randn_like(p))
+    state = {k: v for k, v in reference.state_dict().items()}
+    config = Cosmos3Config.from_dict(cfg)
+    bf16 = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, vocab, (512,), device="cuda")
+    amax = calibrate_input_amax(bf16, lambda m: m.velocity(ids, torch.randn(48, 1, 64, 64, device="cuda"), 500.0))
+    quant = quantization_config(ignore=[], step_policy=PUBLISHED_STEP_POLICY)
+    fp8_state = quantize_tensors(TensorDict(state), amax, quant)
+    fp8_config = Cosmos3Config.from_dict({**cfg, "quantization_config": quant})
+    fp8 = build_transformer(fp8_config, TensorDict(fp8_state), device="cuda", dtype=torch.bfloat16)
+    fused = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
+    fuse_static_fp8(fused, fp8)
+    del state, fp8_state
+    return (reference if with_diffusers else None), bf16, fp8, fused
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 44160], choices=sorted(LATENT_SHAPES))
+    parser.add_argument("--text-tokens", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=8192, help="embedding rows (not on the per-step path)")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--no-diffusers", action="store_true")
+    args = parser.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    print(f"GPU {props.name}, sm_{props.major}{props.minor}, CUDA {torch.version.cuda}, torch {torch.__version__}; "
+          f"Nano-shaped layers: {args.layers} (of 36), text tokens {args.text_tokens}")
+    reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers)
+    print(f"decoder projection weights: bf16 {projection_gib(bf16):.2f} GiB, fp8 split {projection_gib(fp8):.2f} GiB "
+          f"({projection_gib(fp8) / projection_gib(bf16):.2f}x)")
+    ids = torch.randint(0, args.vocab, (args.text_tokens,), device="cuda")
+    for n in args.tokens:
+        rows = run_shape(n, ids, reference, bf16, fp8, fused, args)
+        print_table(n, rows)
+
+
+def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
+    latents = torch.randn(LATENT_SHAPES[n], device="cuda", dtype=torch.bfloat16)
+    fps = 24.0 if latents.shape[1] > 1 else None
+    x = torch.randn(n, bf16.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    caches = {m: m.encode_text(ids) for m in (bf16, fp8, fused)}
+    variants = {
+        "bf16 no-cache": (bf16, lambda: bf16.velocity(ids, latents, 500.0, fps=fps)),
+        "bf16": (bf16, lambda: bf16.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[bf16])),
+        "fp8 split": (fp8, lambda: fp8.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[fp8])),
+        "fp8 fused": (fused, lambda: fused.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[fused])),
+        "w8a16 step": (fp8, lambda: fp8.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[fp8])),
+    }
+    if reference is not None:
+        from tests.cosmos3.reference import reference_forward
+
+        variants = {"diffusers": (None, lambda: reference_forward(reference, ids, latents, 500.0, fps=fps)),
+                    **variants}
+    rows = {}
+    attention_ms = timed(lambda: attention_only(bf16, n, ids.numel()), args.iters, args.warmup)
+    for name, (model, step) in variants.items():
+        # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
+        fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
+        with torch.no_grad():
+            step_ms = timed(step, args.iters, args.warmup)
+            peak, left = peak_over_resident(step)
+            linear_ms = timed(lambda: gen_linears(model, x), args.iters, args.warmup) if model else float("nan")
+        rows[name] = dict(step=step_ms, linears=linear_ms, attention=attention_ms, peak=peak, left=left)
+    fp8.set_denoising_step(17, 35)
+    return rows
+
+
+def print_table(n: int, rows: dict) -> None:
+    bf16 = rows["bf16"]
+    print(f"\n### {n:,} GEN tokens (per step; ratios vs our bf16 with UND cache)")
+    print("| variant | step ms | vs bf16 | GEN linears ms | linears vs bf16 | linears share | attention share "
+          "| step peak GiB | left after step GiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['step']:.2f} | {bf16['step'] / r['step']:.2f}x | {r['linears']:.2f} "
+              f"| {bf16['linears'] / r['linears']:.2f}x | {r['linears'] / r['step']:.0%} "
+              f"| {r['attention'] / r['step']:.0%} | {r['peak']:.2f} | {r['left']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
