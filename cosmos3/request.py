@@ -2,6 +2,7 @@
 
 ``RenderRequest`` is what callers fill in (``None`` = task default); ``resolve()`` turns it into a
 fully concrete ``RenderPlan`` or raises one ``PipelineError`` that lists every problem with its fix.
+Torch-free, like ``cosmos3.sampling``: the farm driver can check jobs before any GPU stack loads.
 """
 
 from __future__ import annotations

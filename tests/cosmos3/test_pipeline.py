@@ -1,0 +1,440 @@
+"""The render pipeline end to end on a tiny random checkpoint (CPU, fp32), plus its parts.
+
+Every task renders; same seed -> same frames; conditioned frames come back as the VAE's own round
+trip of the input; the CFG protocol (step precision first, two passes with their own UND caches,
+guidance interval) is observed on the real model; prompts and T2V frames match diffusers'
+published ``Cosmos3OmniPipeline``; bad requests fail with a message naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from cosmos3.errors import CheckpointError, PipelineError
+from cosmos3.media import load_image, load_video, resize_cover_crop
+from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
+from cosmos3.prompt import PromptSpec
+from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint
+
+STEPS = 3
+PROMPT = "A red robot walks through a city at night"
+# task -> the smallest job that exercises it: (width, height, frames)
+JOBS = {
+    "t2v": (48, 32, 9),
+    "t2i": (32, 32, 1),
+    "i2v": (32, 32, 9),
+    "v2v": (32, 32, 13),
+}
+# uint8 levels: fp32 arithmetic differs only in rounding, which can flip one level.
+ROUND_TRIP_TOLERANCE = 1
+
+
+def rng_pixels(shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=shape, dtype=np.uint8)
+
+
+def job(task: str, **fields) -> RenderRequest:
+    width, height, frames = JOBS[task]
+    inputs = {
+        "i2v": {"image": rng_pixels((height, width, 3))},
+        "v2v": {"video": rng_pixels((7, height, width, 3))},
+    }.get(task, {})
+    return RenderRequest(
+        **{"task": task, "prompt": PROMPT, "width": width, "height": height, "frames": frames, "steps": STEPS,
+           **inputs, **fields}
+    )
+
+
+def to_uint8(video: torch.Tensor) -> np.ndarray:
+    """diffusers VAE output ``[1, 3, T, H, W]`` in [-1, 1] -> ``uint8 [T, H, W, 3]``."""
+    return ((video[0] / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 3, 0).numpy()
+
+
+def vae_round_trip(pipe: Cosmos3Pipeline, frames: np.ndarray) -> np.ndarray:
+    """The diffusers VAE's own encode (posterior mode) -> decode of ``uint8 [T, H, W, 3]``."""
+    x = torch.from_numpy(frames).permute(3, 0, 1, 2).float() / 127.5 - 1.0  # [3, T, H, W]
+    with torch.no_grad():
+        mu = pipe.vae.vae.encode(x[None]).latent_dist.mode()
+        return to_uint8(pipe.vae.vae.decode(mu).sample)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
+
+
+@pytest.fixture(scope="module")
+def pipe(root):
+    return Cosmos3Pipeline.from_pretrained(root, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def distilled_pipe(tmp_path_factory):
+    root = make_tiny_checkpoint(tmp_path_factory.mktemp("distilled"), scheduler=DISTILLED_SCHEDULER)
+    return Cosmos3Pipeline.from_pretrained(root, device="cpu", dtype=torch.float32)
+
+
+class ModelSpy:
+    """Records, in order, the model calls of a render: encode_text, set_denoising_step, velocity."""
+
+    def __init__(self, model, monkeypatch):
+        self.events: list[dict] = []
+        self.caches: dict[int, list[int]] = {}  # id(cache) -> the token ids it was built from
+        encode_text, velocity, set_step = model.encode_text, model.velocity, model.set_denoising_step
+
+        def spy_encode_text(input_ids):
+            cache = encode_text(input_ids)
+            self.caches[id(cache)] = input_ids.tolist()
+            self.events.append({"call": "encode_text"})
+            return cache
+
+        def spy_velocity(input_ids, latents, timestep, **kwargs):
+            self.events.append(
+                {"call": "velocity", "ids": input_ids.tolist(), "cache": id(kwargs["und_cache"]), "t": timestep,
+                 "latents": latents.clone(), "condition_frames": tuple(kwargs["condition_frames"]),
+                 "fps": kwargs["fps"]}
+            )
+            return velocity(input_ids, latents, timestep, **kwargs)
+
+        def spy_set_step(step, num_steps):
+            self.events.append({"call": "step", "step": step, "num_steps": num_steps})
+            set_step(step, num_steps)
+
+        monkeypatch.setattr(model, "encode_text", spy_encode_text)
+        monkeypatch.setattr(model, "velocity", spy_velocity)
+        monkeypatch.setattr(model, "set_denoising_step", spy_set_step)
+
+    def of(self, call: str) -> list[dict]:
+        return [e for e in self.events if e["call"] == call]
+
+
+class StopRender(Exception):
+    """Raised from a patched model call to end a render early."""
+
+
+# -- every task end to end ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", list(JOBS))
+def test_every_task_renders_uint8_frames_of_the_requested_size(pipe, task):
+    width, height, frames = JOBS[task]
+    progress = []
+    out = pipe(job(task), callback=lambda i, n: progress.append((i, n)))
+    assert out.frames.shape == (frames, height, width, 3)
+    assert out.frames.dtype == np.uint8
+    assert isinstance(out.fps, float) and out.fps == 24.0
+    assert progress == [(i, STEPS) for i in range(STEPS)]
+    assert set(out.timings) == {"tokenize", "und", "steps", "vae", "total"}
+    assert len(out.timings["steps"]) == STEPS
+    assert all(v >= 0 for v in [*out.timings["steps"], out.timings["tokenize"], out.timings["und"]])
+    assert out.timings["total"] >= sum(out.timings["steps"]) + out.timings["vae"]
+    assert out.info["task"] == task and out.info["seed"] == 0
+    assert out.info["scheduler"] == "UniPCMultistepScheduler"
+    assert out.info["flow_shift"] == (3.0 if task == "t2i" else 10.0)
+    assert out.info["precision"] == "bf16" and out.info["step_policy"] is None
+
+
+@pytest.mark.parametrize(
+    "task,shape,fps,steps",
+    [
+        # 189 frames -> 48 latent frames; 720x1280 and 1024x1024 over the spatial factor 16.
+        pytest.param("t2v", (8, 48, 45, 80), 24.0, 35, id="t2v"),
+        pytest.param("t2i", (8, 1, 64, 64), None, 50, id="t2i"),
+    ],
+)
+def test_unset_fields_take_the_task_defaults(pipe, monkeypatch, task, shape, fps, steps):
+    # The defaults are too big for a CPU test: stop at the first velocity and read the job there.
+    def stop(input_ids, latents, timestep, **kwargs):
+        raise StopRender(tuple(latents.shape), kwargs["fps"])
+
+    num_steps = []
+    monkeypatch.setattr(pipe.model, "velocity", stop)
+    monkeypatch.setattr(pipe.model, "set_denoising_step", lambda step, n: num_steps.append(n))
+    with pytest.raises(StopRender) as stopped:
+        pipe(RenderRequest(task=task, prompt=PROMPT))
+    assert stopped.value.args == (shape, fps)
+    assert num_steps == [steps]
+
+
+def test_same_seed_gives_identical_frames_and_another_seed_differs(pipe):
+    first = pipe(job("t2v", seed=7)).frames
+    again = pipe(job("t2v", seed=7)).frames
+    other = pipe(job("t2v", seed=8)).frames
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first.astype(int) - other.astype(int)).mean() > 1.0
+
+
+# -- conditioning ---------------------------------------------------------------------------------
+
+
+def test_i2v_frame_0_is_the_vae_round_trip_of_the_image(pipe):
+    # The image is already the output size, so preprocessing is the identity and the reference is
+    # the VAE's own encode -> decode. Frame 0 is re-pinned every step and the Wan decoder is causal,
+    # so the pipeline must reproduce that round trip, not merely resemble the input.
+    image = rng_pixels((32, 32, 3), seed=3)
+    out = pipe(job("i2v", image=image)).frames
+    expected = vae_round_trip(pipe, image[None])[0]
+    assert np.abs(out[0].astype(int) - expected.astype(int)).max() <= ROUND_TRIP_TOLERANCE
+    # The tiny random VAE is not constant: another image round-trips to something else.
+    other = vae_round_trip(pipe, 255 - image[None])[0]
+    assert np.abs(other.astype(int) - expected.astype(int)).mean() > 5.0
+
+
+@pytest.mark.parametrize(
+    "clip_frames,kept",
+    [
+        pytest.param(7, [0, 1, 2, 3, 4], id="long-clip"),
+        pytest.param(3, [0, 1, 2, 2, 2], id="short-clip-holds-its-last-frame"),
+    ],
+)
+def test_v2v_keeps_the_first_five_frames_as_their_vae_round_trip(pipe, clip_frames, kept):
+    video = rng_pixels((clip_frames, 32, 32, 3), seed=4)
+    out = pipe(job("v2v", video=video)).frames
+    # Latent frames 0 and 1 are the clean encode of pixel frames 0..4; decoded pixel frames 0..4
+    # depend on those two latent frames only.
+    expected = vae_round_trip(pipe, video[kept])
+    assert np.abs(out[:5].astype(int) - expected.astype(int)).max() <= ROUND_TRIP_TOLERANCE
+
+
+def test_conditioned_latent_frames_are_pinned_and_marked_at_every_step(pipe, monkeypatch):
+    spy = ModelSpy(pipe.model, monkeypatch)
+    pipe(job("v2v", steps=4))
+    calls = spy.of("velocity")
+    first, last = calls[0]["latents"], calls[-1]["latents"]
+    for call in calls:
+        assert call["condition_frames"] == (0, 1)
+        torch.testing.assert_close(call["latents"][:, :2], first[:, :2], rtol=0, atol=0)
+    assert not torch.allclose(last[:, 2:], first[:, 2:])  # while the noisy frames do move
+
+
+# -- CFG protocol -----------------------------------------------------------------------------------
+
+
+def test_each_step_sets_precision_then_runs_cond_and_uncond_with_their_own_caches(pipe, monkeypatch):
+    spy = ModelSpy(pipe.model, monkeypatch)
+    pipe(job("t2v", negative_prompt="blurry"))
+    calls = [e["call"] for e in spy.events]
+    # The UND tower runs once per branch per job, then each step: precision, cond pass, uncond pass.
+    assert calls == ["encode_text", "encode_text"] + ["step", "velocity", "velocity"] * STEPS
+    steps, passes = spy.of("step"), spy.of("velocity")
+    cond_ids, uncond_ids = passes[0]["ids"], passes[1]["ids"]
+    assert cond_ids != uncond_ids
+    for i in range(STEPS):
+        cond, uncond = passes[2 * i], passes[2 * i + 1]
+        assert (steps[i]["step"], steps[i]["num_steps"]) == (i, STEPS)
+        assert cond["ids"] == cond_ids and spy.caches[cond["cache"]] == cond_ids
+        assert uncond["ids"] == uncond_ids and spy.caches[uncond["cache"]] == uncond_ids
+        assert cond["t"] == uncond["t"]
+        torch.testing.assert_close(cond["latents"], uncond["latents"], rtol=0, atol=0)
+
+
+def test_t2i_runs_the_uncond_pass_only_inside_the_guidance_interval(pipe, monkeypatch):
+    spy = ModelSpy(pipe.model, monkeypatch)
+    steps = 8
+    pipe(job("t2i", steps=steps))
+    passes = spy.of("velocity")
+    cond_ids = passes[0]["ids"]
+    timesteps = [p["t"] for p in passes if p["ids"] == cond_ids]
+    uncond_timesteps = [p["t"] for p in passes if p["ids"] != cond_ids]
+    assert len(timesteps) == steps
+    inside = [t for t in timesteps if 400.0 <= t <= 1000.0]
+    assert 0 < len(inside) < steps, "the schedule must cross t=400 for this test to mean anything"
+    assert uncond_timesteps == inside
+
+
+def test_guidance_1_runs_one_pass_per_step_and_builds_no_uncond_cache(pipe, monkeypatch):
+    spy = ModelSpy(pipe.model, monkeypatch)
+    pipe(job("t2v", guidance=1.0))
+    assert len(spy.of("encode_text")) == 1
+    assert len(spy.of("velocity")) == STEPS
+
+
+def test_distilled_checkpoint_runs_its_fixed_schedule_with_one_pass_per_step(distilled_pipe, monkeypatch):
+    spy = ModelSpy(distilled_pipe.model, monkeypatch)
+    out = distilled_pipe(job("t2v", steps=None))
+    assert out.info["scheduler"] == "FlowMatchEulerDiscreteScheduler"
+    assert out.info["steps"] == 4 and out.info["guidance"] == 1.0 and out.info["flow_shift"] is None
+    timesteps = [p["t"] for p in spy.of("velocity")]
+    np.testing.assert_allclose(timesteps, [999.0, 750.0, 500.0, 250.0], rtol=1e-6)
+    # The stochastic steps draw their noise from the job's generator: a seed still reproduces.
+    np.testing.assert_array_equal(out.frames, distilled_pipe(job("t2v", steps=None)).frames)
+
+
+def test_distilled_i2v_keeps_frame_0_despite_the_stochastic_renoising(distilled_pipe):
+    image = rng_pixels((32, 32, 3), seed=5)
+    out = distilled_pipe(job("i2v", image=image, steps=None)).frames
+    expected = vae_round_trip(distilled_pipe, image[None])[0]
+    assert np.abs(out[0].astype(int) - expected.astype(int)).max() <= ROUND_TRIP_TOLERANCE
+
+
+# -- parity with the published diffusers pipeline ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def diffusers_pipe(root, pipe):
+    from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
+    from safetensors.torch import load_file
+
+    config = {k: v for k, v in Cosmos3OmniTransformer.load_config(root / "transformer").items()
+              if not k.startswith("_")}
+    transformer = Cosmos3OmniTransformer.from_config(config)
+    state = {}
+    for shard in sorted((root / "transformer").glob("*.safetensors")):
+        state.update(load_file(shard))
+    transformer.load_state_dict({k: v.float() for k, v in state.items()})
+    # The published docs' override of the shipped scheduler config for video.
+    scheduler = UniPCMultistepScheduler.from_config(
+        UniPCMultistepScheduler.load_config(root / "scheduler"), flow_shift=10.0, use_karras_sigmas=False
+    )
+    return Cosmos3OmniPipeline(
+        transformer=transformer.eval(),
+        text_tokenizer=pipe.tokenizer.tokenizer,
+        vae=pipe.vae.vae,
+        scheduler=scheduler,
+        enable_safety_checker=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "negative,spec",
+    [
+        pytest.param("", PromptSpec(frames=189, fps=24.0, height=720, width=1280), id="video-empty-negative"),
+        pytest.param("blurry. ugly", PromptSpec(frames=61, fps=16.0, height=480, width=832), id="video-negative"),
+        pytest.param("", PromptSpec(frames=1, fps=24.0, height=1024, width=1024), id="image"),
+    ],
+)
+def test_prompt_tokens_match_the_diffusers_pipeline(pipe, diffusers_pipe, negative, spec):
+    ours = pipe.tokenizer.encode_pair(PROMPT + ".", negative, spec)
+    theirs = diffusers_pipe.tokenize_prompt(
+        PROMPT + ".", negative, num_frames=spec.frames, height=spec.height, width=spec.width, fps=spec.fps
+    )
+    assert ours == theirs
+
+
+def test_t2v_frames_match_the_diffusers_pipeline(pipe, diffusers_pipe):
+    width, height, frames = JOBS["t2v"]
+    ours = pipe(job("t2v", seed=11, negative_prompt="blurry")).frames
+    theirs = diffusers_pipe(
+        prompt=PROMPT, negative_prompt="blurry", num_frames=frames, height=height, width=width, fps=24.0,
+        num_inference_steps=STEPS, guidance_scale=6.0, generator=torch.Generator().manual_seed(11),
+        output_type="np", enable_safety_check=False,
+    ).video
+    theirs = np.round(theirs * 255).astype(np.uint8)
+    assert ours.shape == theirs.shape
+    assert np.abs(ours.astype(int) - theirs.astype(int)).max() <= ROUND_TRIP_TOLERANCE
+
+
+# -- requests a user gets wrong -------------------------------------------------------------------
+
+BAD_REQUESTS = [
+    pytest.param({"width": 40}, r"width: 40 is not a multiple of 16 \(use 32 or 48\)", id="width"),
+    pytest.param({"height": 8}, r"height: 8 is not a multiple of 16 \(use 16\)", id="height-too-small"),
+    pytest.param({"frames": 10}, r"frames: 10 is not 4k\+1, .* \(use 9 or 13\)", id="frames-not-4k+1"),
+    pytest.param({"task": "t2i", "frames": 5}, r"task t2i renders one frame", id="t2i-frames"),
+    pytest.param({"task": "i2v"}, r"image: task i2v needs an input image \(set image=", id="i2v-no-image"),
+    pytest.param({"task": "v2v"}, r"video: task v2v needs an input video", id="v2v-no-video"),
+    pytest.param({"image": np.zeros((32, 48, 3), np.uint8)}, r"task t2v takes no image .*use task i2v", id="t2v-image"),
+    pytest.param({"task": "i2v", "image": "/nonexistent/cat.png"}, r"image: no file at /nonexistent/cat.png",
+                 id="missing-image-file"),
+    pytest.param({"task": "i2v", "frames": 1, "image": np.zeros((32, 48, 3), np.uint8)},
+                 r"task i2v keeps 1 latent frame\(s\) .* needs frames >= 5", id="i2v-one-frame"),
+    pytest.param({"task": "v2v", "frames": 5, "video": np.zeros((5, 32, 48, 3), np.uint8)},
+                 r"needs frames >= 9", id="v2v-too-short"),
+    pytest.param({"task": "t2x"}, r"task: 't2x' is not one of t2v, t2i, i2v, v2v", id="task"),
+    pytest.param({"steps": 0}, r"steps: 0 is not a positive whole number", id="steps"),
+    pytest.param({"guidance": -1.0}, r"guidance: -1.0 is not a number >= 0", id="guidance"),
+    pytest.param({"fps": 0}, r"fps: 0 is not a number > 0", id="fps"),
+    pytest.param({"seed": -1}, r"seed: -1 is not a whole number", id="seed"),
+    pytest.param({"width": 40, "height": 20}, r"2 problems in render request:\n  width: .*\n  height: ",
+                 id="all-problems-at-once"),
+]
+
+
+@pytest.mark.parametrize("fields,message", BAD_REQUESTS)
+def test_bad_requests_are_refused_with_the_field_and_the_fix(pipe, fields, message):
+    request = RenderRequest(**{"task": "t2v", "prompt": PROMPT, "width": 48, "height": 32, "frames": 9, **fields})
+    with pytest.raises(PipelineError, match=message):
+        pipe(request)
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        pytest.param({"steps": 35}, r"fixed 4-step schedule, got 35", id="steps"),
+        pytest.param({"guidance": 6.0}, r"guidance baked in \(1.0\), got 6.0", id="guidance"),
+        pytest.param({"negative_prompt": "blurry"}, r"runs no unconditional pass", id="negative-prompt"),
+    ],
+)
+def test_distilled_checkpoint_refuses_sampling_overrides(distilled_pipe, fields, message):
+    with pytest.raises(PipelineError, match=message):
+        distilled_pipe(job("t2v", **{"steps": None, **fields}))
+
+
+def test_unreadable_conditioning_inputs_are_refused(pipe, tmp_path):
+    bad = tmp_path / "not-an-image.png"
+    bad.write_text("hello")
+    with pytest.raises(PipelineError, match=r"image: cannot read .*not-an-image.png"):
+        pipe(job("i2v", image=bad))
+    with pytest.raises(PipelineError, match=r"image: expected an RGB array shaped \[H, W, 3\], got shape \(2, 32, 32, 3\)"):
+        pipe(job("i2v", image=np.zeros((2, 32, 32, 3), np.uint8)))
+    with pytest.raises(PipelineError, match=r"video: float pixels must lie in \[0, 1\]"):
+        pipe(job("v2v", video=np.full((5, 32, 32, 3), 2.0)))
+
+
+# -- media ------------------------------------------------------------------------------------------
+
+
+def levels(video: torch.Tensor) -> torch.Tensor:
+    """``[-1, 1]`` floats back to uint8 levels."""
+    return ((video + 1.0) * 127.5).round()
+
+
+def test_resize_cover_crop_takes_the_centre_of_a_wide_image():
+    image = np.zeros((32, 96, 3), np.uint8)
+    image[:, 32:64] = 200  # the middle third
+    out = resize_cover_crop(image[None], 32, 32)  # cover scale 1: a pure centre crop
+    assert out.shape == (3, 1, 32, 32)
+    assert torch.all(levels(out) == 200)
+
+
+def test_resize_cover_crop_scales_to_cover_then_crops():
+    image = np.zeros((20, 40, 3), np.uint8)
+    image[:, :20] = 90  # left half; 1:2 -> 32x32 scales to 32x64 and keeps columns 16..47
+    out = levels(resize_cover_crop(image[None], 32, 32))
+    assert out.shape == (3, 1, 32, 32)
+    assert torch.all(out[..., :14] == 90) and torch.all(out[..., 18:] == 0)  # the edge is antialiased
+
+
+def test_media_paths_and_arrays_load_as_uint8_rgb(tmp_path):
+    import imageio.v3 as iio
+
+    image = rng_pixels((16, 24, 3))
+    iio.imwrite(tmp_path / "a.png", image)
+    np.testing.assert_array_equal(load_image(tmp_path / "a.png"), image)
+    np.testing.assert_array_equal(load_image(image / 255.0), image)
+    np.testing.assert_array_equal(load_image(image[..., 0]), np.repeat(image[..., :1], 3, axis=-1))
+    iio.imwrite(tmp_path / "v.mp4", rng_pixels((6, 32, 48, 3)), fps=24)
+    video = load_video(tmp_path / "v.mp4")
+    assert video.shape == (6, 32, 48, 3) and video.dtype == np.uint8
+
+
+# -- checkpoint -------------------------------------------------------------------------------------
+
+
+def test_incomplete_checkpoint_is_refused_naming_what_is_missing(root, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(root, broken)
+    shutil.rmtree(broken / "vae")
+    with pytest.raises(CheckpointError, match=r"missing vae \(expected model_index.json, transformer, vae"):
+        Cosmos3Pipeline.from_pretrained(broken)
+
+
+def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
+    assert pipe(job("t2v")).info["checkpoint"] == checkpoint_identity(root)
+    assert checkpoint_identity(root)["path"] == str(root.resolve())
+    deeper = make_tiny_checkpoint(tmp_path / "deeper", num_hidden_layers=3)
+    assert checkpoint_identity(deeper)["sha256"] != checkpoint_identity(root)["sha256"]
