@@ -1,0 +1,58 @@
+"""Pipeline factories that misbehave on cue, for the scheduler's failure paths.
+
+The renderer acts on words in a job's prompt: `fail` raises on every attempt; `crash-once` kills the
+worker process (`os._exit`) and `hang-once` never returns, on a job's first attempt only (a marker file
+in `markers` remembers it across worker processes). Otherwise it is `worker.fake`'s sleeping renderer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from worker.fake import FakeRenderer
+
+
+def _first_time(markers: str, name: str) -> bool:
+    """True exactly once per name across every process (O_EXCL creation is atomic)."""
+    try:
+        os.close(os.open(Path(markers) / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+class ScriptedRenderer(FakeRenderer):
+    def __init__(self, markers: str, seconds_per_step: float):
+        super().__init__(seconds_per_step)
+        self.markers = markers
+
+    def __call__(self, request: dict[str, Any], callback):
+        words = request["prompt"].split()
+        once = f"{request['prompt']}-{request['seed']}".replace(" ", "_").replace("/", "_")
+        if "fail" in words:
+            raise RuntimeError(f"scripted failure of seed {request['seed']}")
+        if "crash-once" in words and _first_time(self.markers, once):
+            os._exit(1)
+        if "hang-once" in words and _first_time(self.markers, once):
+            time.sleep(3600)
+        return super().__call__(request, callback)
+
+
+def scripted(model, gpu: bool, *, markers: str, seconds_per_step: float = 0.01) -> ScriptedRenderer:
+    return ScriptedRenderer(markers, seconds_per_step)
+
+
+def bad_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
+    """Fails to load on logical GPU 0, like a worker on a broken device."""
+    if ray.get_runtime_context().get_accelerator_ids()["GPU"] == ["0"]:
+        raise RuntimeError("CUDA error: uncorrectable ECC error encountered (GPU 0)")
+    return FakeRenderer(seconds_per_step)
+
+
+def no_gpu_works(model, gpu: bool) -> FakeRenderer:
+    raise RuntimeError("CUDA error: no CUDA-capable device is detected")

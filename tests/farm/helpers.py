@@ -1,0 +1,72 @@
+"""Shared by farm and worker tests: a checkpoint folder the manifest can read, manifests, output checks, Ray."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import ray
+import yaml
+
+STATIC_FP8_QUANT = {
+    "quant_method": "modelopt", "quant_algo": "FP8", "quant_type": "FP8_FP8", "weight_only": False,
+    "config_groups": {"group_0": {"weights": {"dynamic": False, "num_bits": 8, "type": "float"},
+                                  "input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+                                  "targets": ["Linear"]}},
+}
+
+
+def make_checkpoint(root: Path, *, static_fp8: bool = False) -> Path:
+    """Just enough of the published layout for the driver: `transformer/config.json` (fake pipelines load nothing)."""
+    config: dict[str, Any] = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32}
+    if static_fp8:
+        config["quantization_config"] = STATIC_FP8_QUANT
+    (root / "transformer").mkdir(parents=True, exist_ok=True)
+    (root / "transformer" / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaults: dict | None = None,
+                   model: dict | None = None, output: dict | None = None) -> Path:
+    """A small, fast manifest in `folder` (tiny frames, few steps) with a checkpoint beside it."""
+    make_checkpoint(folder / "ckpt")
+    doc = {
+        "version": 1, "name": name,
+        "model": {"checkpoint": "ckpt", **(model or {})},
+        "output": {"root": "out", **(output or {})},
+        "defaults": {"size": [32, 32], "frames": 5, "fps": 8, "steps": 4, "retries": 2, **(defaults or {})},
+        "jobs": jobs,
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def output_files(root: Path) -> list[str]:
+    """Every file under an output root except the farm's own records, relative and sorted."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".farm" not in p.parts)
+
+
+def temp_files(root: Path) -> list[str]:
+    return [name for name in output_files(root) if Path(name).name.endswith(".tmp")]
+
+
+def events(root: Path, name: str = "test") -> list[dict]:
+    path = root / ".farm" / name / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def state(root: Path, name: str = "test") -> dict:
+    return json.loads((root / ".farm" / name / "state.json").read_text())
+
+
+@contextlib.contextmanager
+def local_cluster(**resources: Any) -> Iterator[None]:
+    """One Ray cluster for a test module: starting one costs seconds, so modules share it."""
+    ray.init(include_dashboard=False, **resources)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -1,0 +1,134 @@
+"""The driver loop on a local Ray cluster with logical GPUs, against fake pipelines (tests/farm/fakes.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from farm import driver, manifest
+from farm.cli import build_parser
+from tests.farm import fakes
+from tests.farm.helpers import events, local_cluster, output_files, state, temp_files, write_manifest
+from worker import fake
+
+GPUS = 2
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    with local_cluster(num_gpus=GPUS, num_cpus=2 * GPUS):
+        yield
+
+
+def _submit(path: Path, factory=fake.factory, **options) -> driver.RunReport:
+    return driver.submit(manifest.load(path), driver.SubmitOptions(factory=factory, progress=False, **options))
+
+
+def _scripted(tmp_path: Path, **kwargs):
+    markers = tmp_path / "markers"
+    markers.mkdir(exist_ok=True)
+    return functools.partial(fakes.scripted, markers=str(markers), **kwargs)
+
+
+def _started(root: Path) -> list[dict]:
+    return [e for e in events(root) if e["event"] == "job_started"]
+
+
+def test_every_job_is_published_once_with_its_sidecar(tmp_path):
+    jobs = [{"id": "clip", "prompt": "a red circle moving left"},
+            {"id": "still", "task": "t2i", "prompt": "a blue square", "size": [48, 32]},
+            {"id": "sweep", "prompt": "a green triangle", "seeds": [1, 2, 3]}]
+    report = _submit(write_manifest(tmp_path, jobs))
+    root = tmp_path / "out"
+
+    assert report.ok and report.counts == {"done": 5, "failed": 0, "pending": 0, "skipped": 0}
+    media = ["test/clip_s0.mp4", "test/still_s0.png", "test/sweep_s1.mp4", "test/sweep_s2.mp4", "test/sweep_s3.mp4"]
+    assert output_files(root) == sorted(media + [m + ".json" for m in media])
+    sidecar = json.loads((root / "test/sweep_s2.mp4.json").read_text())
+    assert sidecar["key"] == "sweep@2" and sidecar["seed"] == 2 and sidecar["attempt"] == 1
+    assert sidecar["worker"]["gpu"] and sidecar["worker"]["node"]
+    assert {s["state"] for s in state(root)["jobs"].values()} == {"done"}
+
+
+def test_jobs_start_by_priority_then_manifest_order(tmp_path):
+    jobs = [{"id": "low", "prompt": "x"}, {"id": "high", "prompt": "x", "priority": 10},
+            {"id": "mid-a", "prompt": "x", "priority": 5}, {"id": "mid-b", "prompt": "x", "priority": 5}]
+    _submit(write_manifest(tmp_path, jobs), workers=1)
+    assert [e["key"] for e in _started(tmp_path / "out")] == ["high", "mid-a", "mid-b", "low"]
+
+
+def test_worker_killed_mid_job_is_retried_on_another_worker(tmp_path):
+    jobs = [{"id": f"ok{i}", "prompt": "fine"} for i in range(3)] + [{"id": "victim", "prompt": "crash-once"}]
+    report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path))
+    root = tmp_path / "out"
+
+    assert report.ok and report.outcomes["victim"].attempts == 2
+    first, second = [e for e in _started(root) if e["key"] == "victim"]
+    assert first["slot"] != second["slot"]
+    assert "worker_lost" in {e["event"] for e in events(root)}
+    assert len(output_files(root)) == 2 * len(jobs) and not temp_files(root)
+
+
+def test_always_failing_job_ends_failed_with_its_error_and_the_exit_code_is_not_zero(tmp_path, capsys):
+    jobs = [{"id": "good", "prompt": "fine"}, {"id": "bad", "prompt": "fail"}, {"id": "also-good", "prompt": "ok"}]
+    args = build_parser().parse_args(["submit", str(write_manifest(tmp_path, jobs)), "--no-progress"])
+    args.pipeline = _scripted(tmp_path)
+
+    assert args.func(args) == 1
+    record = state(tmp_path / "out")["jobs"]
+    assert record["bad"]["state"] == "failed" and record["bad"]["attempts"] == 3  # retries: 2
+    assert "RuntimeError: scripted failure" in record["bad"]["error"]
+    assert record["good"]["state"] == record["also-good"]["state"] == "done"
+    assert "bad (failed, 3 attempts): RuntimeError: scripted failure" in capsys.readouterr().err
+
+
+def test_a_job_past_its_timeout_has_its_worker_killed_and_is_requeued(tmp_path):
+    jobs = [{"id": "stuck", "prompt": "hang-once", "timeout": 2}, {"id": "next", "prompt": "fine"}]
+    report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path))
+
+    assert report.ok and report.outcomes["stuck"].attempts == 2
+    assert [e["key"] for e in events(tmp_path / "out") if e["event"] == "job_timeout"] == ["stuck"]
+    assert not temp_files(tmp_path / "out")
+
+
+def test_a_worker_failing_three_jobs_in_a_row_is_retired(tmp_path):
+    jobs = [{"id": f"bad{i}", "prompt": "fail", "retries": 0} for i in range(3)] + [{"id": "left", "prompt": "ok"}]
+    report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path), workers=1)
+
+    assert not report.ok
+    assert [o.state for o in report.outcomes.values()] == ["failed", "failed", "failed", "pending"]
+    assert "no worker left" in report.outcomes["left"].error
+    assert [e["event"] for e in events(tmp_path / "out")].count("worker_retired") == 1
+
+
+def test_a_gpu_that_cannot_load_the_model_does_not_stop_the_run(tmp_path):
+    jobs = [{"id": f"job{i}", "prompt": "fine"} for i in range(4)]
+    report = _submit(write_manifest(tmp_path, jobs), factory=fakes.bad_gpu_zero)
+    root = tmp_path / "out"
+
+    assert report.ok
+    assert "worker_init_failed" in {e["event"] for e in events(root)}
+    assert {json.loads((root / f"test/job{i}_s0.mp4.json").read_text())["worker"]["gpu"][0] for i in range(4)} == {"1"}
+
+
+def test_when_no_worker_can_start_the_run_ends_once_the_init_failure_budget_is_spent(tmp_path):
+    report = _submit(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]), factory=fakes.no_gpu_works)
+    kinds = [e["event"] for e in events(tmp_path / "out")]
+
+    assert not report.ok and "no worker left" in report.outcomes["a"].error
+    # Failures restart their slot until the budget (one per worker) is spent; after that each one retires its slot.
+    assert kinds.count("worker_init_failed") == (GPUS - 1) + GPUS
+    assert kinds.count("worker_retired") == GPUS
+
+
+def test_temp_files_of_a_crashed_earlier_run_are_swept(tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    leftover = tmp_path / "out/test/.a_s0.mp4.a1.4242.tmp"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"half a video")
+
+    assert _submit(path).ok
+    assert output_files(tmp_path / "out") == ["test/a_s0.mp4", "test/a_s0.mp4.json"]
