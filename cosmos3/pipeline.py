@@ -16,7 +16,7 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -40,6 +40,13 @@ class RenderOutput:
     fps: float
     timings: dict  # seconds: tokenize, und, steps (one per step), vae (encode + decode), total
     info: dict  # precision, step_policy, checkpoint, scheduler, seed and the resolved job
+
+
+class Branch(NamedTuple):
+    """One side of classifier-free guidance: its token ids ``[S]`` and their UND K/V cache."""
+
+    ids: torch.Tensor
+    cache: object  # the model's UND cache; None for an uncond branch no step uses
 
 
 @dataclass(frozen=True)
@@ -151,12 +158,10 @@ class Cosmos3Pipeline:
     # -- stages ------------------------------------------------------------------------------------
 
     def _token_ids(self, plan: RenderPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cond [S_cond], uncond [S_uncond])`` token ids on the device."""
         spec = PromptSpec(frames=plan.frames, fps=plan.fps, height=plan.height, width=plan.width)
-        cond, uncond = self.tokenizer.encode_pair(plan.prompt, plan.negative_prompt, spec)
-        return (
-            torch.tensor(cond, dtype=torch.long, device=self.device),  # [S_cond]
-            torch.tensor(uncond, dtype=torch.long, device=self.device),  # [S_uncond]
-        )
+        ids = self.tokenizer.encode_pair(plan.prompt, plan.negative_prompt, spec)
+        return tuple(torch.tensor(branch, dtype=torch.long, device=self.device) for branch in ids)
 
     def _conditioning(self, plan: RenderPlan) -> Conditioning:
         """Encode the clean leading frames. Only those pixel frames are encoded: the VAE is causal."""
@@ -177,16 +182,15 @@ class Cosmos3Pipeline:
         shape = self.vae.latent_shape(plan.frames, plan.height, plan.width)
         return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)  # [C, T', H', W']
 
-    def _velocity(self, latents, t, guidance, ids, caches, plan: RenderPlan, cond: Conditioning) -> torch.Tensor:
-        """CFG velocity ``[C, T', H', W']`` (fp32): cond pass, then uncond pass when ``guidance != 1``."""
+    def _velocity(self, latents, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning):
+        """CFG velocity ``[C, T', H', W']`` in fp32: the cond pass, then the uncond pass if ``guidance != 1``."""
         x = latents.to(self.dtype)
-        fps = plan.fps if plan.is_video else None
-        frames = cond.frames
-        v = self.model.velocity(ids[0], x, t, fps=fps, condition_frames=frames, und_cache=caches[0]).float()
+        kwargs = {"fps": plan.fps if plan.is_video else None, "condition_frames": cond.frames}
+        v = self.model.velocity(branches[0].ids, x, t, und_cache=branches[0].cache, **kwargs).float()
         if guidance != 1.0:
-            v_uncond = self.model.velocity(ids[1], x, t, fps=fps, condition_frames=frames, und_cache=caches[1]).float()
+            v_uncond = self.model.velocity(branches[1].ids, x, t, und_cache=branches[1].cache, **kwargs).float()
             v = v_uncond + guidance * (v - v_uncond)
-        v[:, : len(frames)] = 0.0  # conditioned frames do not move, whatever the guidance mix
+        v[:, : len(cond.frames)] = 0.0  # conditioned frames do not move, whatever the guidance mix
         return v
 
     # -- the job -----------------------------------------------------------------------------------
@@ -207,10 +211,11 @@ class Cosmos3Pipeline:
         scheduler = make_scheduler(self.recipe, steps=plan.steps, flow_shift=plan.flow_shift, device=self.device)
         timesteps = scheduler.timesteps
         guidances = [guidance_at(float(t), plan.guidance, plan.guidance_interval) for t in timesteps]
-        # Two UND caches: cond and uncond texts differ. The uncond one only if some step uses CFG.
-        caches = (
-            self.model.encode_text(ids[0]),
-            self.model.encode_text(ids[1]) if any(g != 1.0 for g in guidances) else None,
+        # Two UND caches, as cond and uncond texts differ; the uncond one only if some step runs CFG.
+        und_start = clock()
+        branches = (
+            Branch(ids[0], self.model.encode_text(ids[0])),
+            Branch(ids[1], self.model.encode_text(ids[1]) if any(g != 1.0 for g in guidances) else None),
         )
         und_done = clock()
 
@@ -220,7 +225,7 @@ class Cosmos3Pipeline:
         for i, t in enumerate(timesteps):
             step_start = clock()
             self.model.set_denoising_step(i, len(timesteps))  # once, before both CFG passes
-            v = self._velocity(latents, float(t), guidances[i], ids, caches, plan, cond)
+            v = self._velocity(latents, float(t), guidances[i], branches, plan, cond)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
             step_times.append(clock() - step_start)
             if callback is not None:
@@ -231,7 +236,7 @@ class Cosmos3Pipeline:
         end = clock()
         timings = {
             "tokenize": tokenized - start,
-            "und": und_done - encoded,
+            "und": und_done - und_start,
             "steps": step_times,
             "vae": (encoded - tokenized) + (end - decode_start),
             "total": end - start,
