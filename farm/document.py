@@ -42,7 +42,11 @@ def parse(text: str) -> Document:
         return doc
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
-        return Document(None, problems=[((), mark.line + 1 if mark else None, f"YAML syntax: {err.problem}")])
+        message = f"YAML syntax: {err.problem}"
+        if err.context and err.context_mark:
+            # An unclosed quote or bracket fails at the end of the file; say where it was opened.
+            message += f" ({err.context} from line {err.context_mark.line + 1})"
+        return Document(None, problems=[((), mark.line + 1 if mark else None, message)])
     finally:
         loader.dispose()
 

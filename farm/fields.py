@@ -65,6 +65,15 @@ def choice(options: tuple[str, ...]) -> Checker:
     return check
 
 
+def step_precision(value: Any) -> str:
+    # YAML 1.1 reads a bare `off` as false; `step_precision: off` must still mean "off".
+    if isinstance(value, bool):
+        if value:
+            raise Invalid("must be one of auto, off; got on/true")
+        return "off"
+    return choice(("auto", "off"))(value)
+
+
 def identifier(value: Any) -> str:
     if not isinstance(value, str) or not ID_PATTERN.fullmatch(value):
         raise Invalid(f"{value!r} is not a valid id (letters, digits, '_', '.', '-'; starting with a letter or digit)")

@@ -178,7 +178,7 @@ class _Resolver:
             return None
         self._keys(raw, ("model",), _MODEL_KEYS)
         precision = self._value(raw, ("model", "precision"), fields.choice(("auto", "bf16", "fp8-dynamic")), "auto")
-        steps = self._value(raw, ("model", "step_precision"), fields.choice(("auto", "off")), "auto")
+        steps = self._value(raw, ("model", "step_precision"), fields.step_precision, "auto")
         parallel = self._parallel(raw.get("parallel", {}))
         ckpt = self._checkpoint(raw)
         # `precision: auto` runs what the checkpoint holds; bf16 / fp8-dynamic do not use its static scales.
@@ -293,6 +293,7 @@ class _Resolver:
             job_id = self._value(raw, (*where, "id"), fields.identifier)
             if job_id in first_line:
                 self.error((*where, "id"), f"duplicate id {job_id!r} (first at line {first_line[job_id]})")
+                job_id = None  # checked below, but not made into a job
             elif job_id is not None:
                 first_line[job_id] = self.doc.line((*where, "id"))
             values = self._job_values(raw, where, defaults)
@@ -302,7 +303,8 @@ class _Resolver:
             for seed in sweep:
                 job = self._job(job_id, len(jobs), seed, values, model, name, root, template)
                 if job.media in owners:
-                    self.error(where, f"writes {job.media}, as job {owners[job.media]} does "
+                    relative = Path(job.media).relative_to(root)
+                    self.error(where, f"writes {relative}, as job {owners[job.media]} does "
                                       "(put {id} and {seed} in output.path)")
                 owners.setdefault(job.media, job.key)
                 jobs.append(job)

@@ -1,0 +1,122 @@
+"""Manifest v1: resolution of good manifests, and the corpus of bad ones in tests/farm/bad_manifests/.
+
+Each bad manifest ends with `# expect: LINE: where: message` comments: exactly the errors it must produce,
+in order (`{dir}` stands for the manifest's folder).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import ray
+
+from farm import cli, fields, manifest
+from farm.errors import ManifestError
+from tests.farm.helpers import make_checkpoint, write_manifest
+
+CORPUS = Path(__file__).parent / "bad_manifests"
+BAD_MANIFESTS = [pytest.param(path, id=path.stem) for path in sorted(CORPUS.glob("*.yaml"))]
+EXAMPLE = Path(__file__).parents[2] / "manifests" / "example.yaml"
+
+DURATIONS = [
+    pytest.param(45, 45.0, id="seconds"),
+    pytest.param("90s", 90.0, id="90s"),
+    pytest.param("30m", 1800.0, id="30m"),
+    pytest.param("1h30m", 5400.0, id="1h30m"),
+]
+
+
+def _expected(path: Path, folder: Path) -> list[str]:
+    return [line.removeprefix("# expect: ").replace("{dir}", str(folder))
+            for line in path.read_text().splitlines() if line.startswith("# expect: ")]
+
+
+@pytest.mark.parametrize("path", BAD_MANIFESTS)
+def test_bad_manifest_is_rejected_with_every_error_and_nothing_written(path, tmp_path, capsys):
+    folder = tmp_path / "manifests"
+    shutil.copytree(CORPUS, folder)
+    expected = [f"{path.name}:{line}" for line in _expected(path, folder)]
+    assert expected, f"{path.name} has no '# expect:' lines"
+
+    for command in ("validate", "plan", "submit"):
+        assert cli.main([command, str(folder / path.name)]) == 1
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[0] == f"error: {len(expected)} error{'s' if len(expected) > 1 else ''} in {path.name}"
+        assert lines[1:] == expected
+    assert not (folder / "out").exists()
+    assert not ray.is_initialized()
+
+
+def test_jobs_resolve_job_then_defaults_then_task_builtins(tmp_path):
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "inputs" / "frame.png").write_bytes(b"png")
+    jobs = [{"id": "clip", "prompt": "a", "seed": 7},
+            {"id": "still", "task": "t2i", "prompt": "b", "priority": 10},
+            {"id": "extend", "task": "i2v", "prompt": "c", "image": "inputs/frame.png", "steps": 20},
+            {"id": "sweep", "prompt": "d", "seeds": [1, 2]}]
+    m = manifest.load(write_manifest(tmp_path, jobs, defaults={"size": [1280, 720], "steps": 30, "frames": 121}))
+    by_key = {job.key: job for job in m.jobs}
+
+    assert list(by_key) == ["clip", "still", "extend", "sweep@1", "sweep@2"]
+    assert (by_key["clip"].seed, by_key["clip"].steps, by_key["clip"].frames) == (7, 30, 121)
+    assert (by_key["still"].frames, by_key["still"].guidance, by_key["still"].priority) == (1, 7.0, 10)
+    assert by_key["extend"].image == str(tmp_path / "inputs" / "frame.png") and by_key["extend"].steps == 20
+    assert by_key["sweep@2"].media == str(tmp_path / "out" / "test" / "sweep_s2.mp4")
+    assert by_key["still"].media.endswith("still_s0.png")
+
+
+def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
+    base = {"id": "a", "prompt": "a red circle"}
+
+    def hash_of(job: dict, **kwargs) -> str:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        return manifest.load(write_manifest(folder, [job], **kwargs)).jobs[0].config_hash
+
+    original = hash_of(base)
+    assert hash_of({**base, "priority": 5, "retries": 0, "timeout": "1h"}) == original
+    assert hash_of({**base, "prompt": "a blue circle"}) != original
+    assert hash_of({**base, "seed": 1}) != original
+    assert hash_of(base, model={"precision": "bf16"}) != original
+
+
+def test_config_hash_changes_when_the_checkpoint_config_changes(tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    before = manifest.load(path).jobs[0].config_hash
+    make_checkpoint(tmp_path / "ckpt", static_fp8=True)
+    assert manifest.load(path).jobs[0].config_hash != before
+
+
+def test_static_fp8_checkpoint_is_recognised_and_runs_unsharded(tmp_path):
+    make_checkpoint(tmp_path / "ckpt-fp8", static_fp8=True)
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}], model={"checkpoint": "ckpt-fp8"})
+    assert manifest.load(path).model.static_fp8
+
+
+def test_bare_off_means_step_precision_off(tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    path.write_text(path.read_text().replace("checkpoint: ckpt", "checkpoint: ckpt\n  step_precision: off"))
+    assert manifest.load(path).model.step_precision == "off"
+
+
+@pytest.mark.parametrize("value, seconds", DURATIONS)
+def test_durations_read_as_seconds(value, seconds):
+    assert fields.duration(value) == seconds
+
+
+def test_request_holds_exactly_the_render_request_fields(tmp_path):
+    job = manifest.load(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])).jobs[0]
+    assert set(job.request()) == {"task", "prompt", "negative_prompt", "width", "height", "frames", "fps", "steps",
+                                  "guidance", "seed", "image", "video"}
+    assert replace(job, priority=3).request() == job.request()
+
+
+def test_example_manifest_is_valid_but_for_the_cluster_files_it_names():
+    with pytest.raises(ManifestError) as caught:
+        manifest.load(EXAMPLE)
+    problems = caught.value.problems
+    assert [p.where for p in problems] == ["model -> checkpoint", "jobs[3] (id=harbour-extend) -> image"]
+    assert all("is not a directory" in p.message or "not found" in p.message for p in problems)
