@@ -49,26 +49,17 @@ def resolve_precision(config: Cosmos3Config, precision: str, lora: object = None
     return "bf16" if precision == "auto" else precision
 
 
-def load_transformer(
-    path: str | Path,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    precision: str = "auto",
-    step_precision: str | dict | None = "auto",
-    parallel: dict[str, int] | None = None,
-    lora: object = None,
-) -> Cosmos3Transformer:
+def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **options) -> Cosmos3Transformer:
     """Load ``path`` (checkpoint root or its ``transformer/`` dir) strictly and exactly.
 
-    ``step_precision``: ``"auto"`` (the checkpoint's diffusion_step_policy, if any), ``"off"``,
-    or ``{"first": n, "last": m}`` to experiment. ``parallel``: the parallel axes the caller
-    intends; static FP8 refuses any above 1.
+    ``options`` are ``build_transformer``'s: ``dtype``, ``precision`` (``"auto"`` follows the
+    checkpoint), ``step_precision`` (``"auto"``: the checkpoint's diffusion_step_policy, if any;
+    ``"off"``; or ``{"first": n, "last": m}`` to experiment), ``parallel`` (the parallel axes the
+    caller intends; static FP8 refuses any above 1) and ``lora``.
     """
     directory = transformer_dir(path)
     config = Cosmos3Config.from_json(directory / "config.json")
-    return build_transformer(config, CheckpointFiles(directory, device=device), device=device, dtype=dtype,
-                             precision=precision, step_precision=step_precision, parallel=parallel, lora=lora)
+    return build_transformer(config, CheckpointFiles(directory, device=device), device=device, **options)
 
 
 def build_transformer(

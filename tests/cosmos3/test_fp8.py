@@ -154,24 +154,21 @@ def test_group_with_differing_input_scales_is_refused_by_name(ckpts, tmp_path):
         load_transformer(bad)
 
 
-def test_modelopt_buffer_disagreeing_with_its_scale_is_refused(ckpts, tmp_path):
+def scale_times(key, factor):
+    return lambda t: t.update({key: t[key] * factor})
+
+
+@pytest.mark.parametrize("edit,message", [
+    pytest.param(scale_times("layers.0.mlp.up_proj.weight_quantizer._amax", 1.5),
+                 r"layers.0.mlp.up_proj.weight_quantizer._amax .* disagrees", id="modelopt-buffer-disagrees"),
+    pytest.param(lambda t: t.update({"layers.0.mlp.down_proj.weight_scale":
+                                     t["layers.0.mlp.down_proj.weight_scale"].bfloat16()}),
+                 "layers.0.mlp.down_proj.weight_scale must be a float32 scalar", id="scale-not-fp32"),
+])
+def test_inconsistent_scales_are_refused(ckpts, tmp_path, edit, message):
     _, fp8 = ckpts
-
-    def corrupt(t):
-        t["layers.0.mlp.up_proj.weight_quantizer._amax"] = t["layers.0.mlp.up_proj.weight_quantizer._amax"] * 1.5
-    bad = rewrite(fp8, tmp_path / "bad", corrupt)
-    with pytest.raises(CheckpointError, match=r"layers.0.mlp.up_proj.weight_quantizer._amax .* disagrees"):
-        load_transformer(bad)
-
-
-def test_scale_that_is_not_an_fp32_scalar_is_refused(ckpts, tmp_path):
-    _, fp8 = ckpts
-
-    def to_bf16(t):
-        t["layers.0.mlp.down_proj.weight_scale"] = t["layers.0.mlp.down_proj.weight_scale"].bfloat16()
-    bad = rewrite(fp8, tmp_path / "bad", to_bf16)
-    with pytest.raises(CheckpointError, match="layers.0.mlp.down_proj.weight_scale must be a float32 scalar"):
-        load_transformer(bad)
+    with pytest.raises(CheckpointError, match=message):
+        load_transformer(rewrite(fp8, tmp_path / "bad", edit))
 
 
 def test_static_recipe_against_an_unquantized_checkpoint_is_refused(ckpts, tmp_path):
