@@ -108,7 +108,9 @@ def make_scheduler(recipe: SamplingRecipe, *, steps: int, flow_shift: float | No
     return scheduler
 
 
-def scheduler_step(scheduler, velocity: torch.Tensor, t: torch.Tensor, latents: torch.Tensor, generator) -> torch.Tensor:
+def scheduler_step(
+    scheduler, velocity: torch.Tensor, t: torch.Tensor, latents: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
     """One update of ``latents [C, T, H, W]``; the schedulers' einsums want a batch axis."""
     kwargs = {"generator": generator} if scheduler.config.get("stochastic_sampling") else {}
     out = scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False, **kwargs)

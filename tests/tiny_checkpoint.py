@@ -108,7 +108,11 @@ DISTILLED_SCHEDULER = {
     "num_train_timesteps": 1000,
     "shift": 1.0,
     "stochastic_sampling": True,
-    "fixed_step_sampler_config": {"t_list": [0.999, 0.75, 0.5, 0.25], "sample_type": "sde", "num_train_timesteps": 1000},
+    "fixed_step_sampler_config": {
+        "t_list": [0.999, 0.75, 0.5, 0.25],
+        "sample_type": "sde",
+        "num_train_timesteps": 1000,
+    },
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]

@@ -1,9 +1,10 @@
 """The render pipeline end to end on a tiny random checkpoint (CPU, fp32), plus its parts.
 
 Every task renders; same seed -> same frames; conditioned frames come back as the VAE's own round
-trip of the input; the CFG protocol (step precision first, two passes with their own UND caches,
-guidance interval) is observed on the real model; prompts and T2V frames match diffusers'
-published ``Cosmos3OmniPipeline``; bad requests fail with a message naming the field and the fix.
+trip of the input; the CFG protocol (step precision first, then two passes with their own UND
+caches; guidance interval; a static-FP8 step policy) is observed on the real model; prompts and
+T2V frames match diffusers' published ``Cosmos3OmniPipeline``; bad requests fail with a message
+naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -271,6 +272,38 @@ def test_distilled_i2v_keeps_frame_0_despite_the_stochastic_renoising(distilled_
     assert np.abs(out[0].astype(int) - expected.astype(int)).max() <= ROUND_TRIP_TOLERANCE
 
 
+@pytest.fixture(scope="module")
+def fp8_pipe(root, tmp_path_factory):
+    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8
+
+    def calibrate(model):
+        g = torch.Generator().manual_seed(0)
+        for t in (999.0, 600.0, 200.0):
+            model.velocity(torch.tensor([5, 9, 17, 3, 44]), torch.randn(8, 3, 2, 3, generator=g), t, fps=24.0)
+
+    fp8 = export_static_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", calibrate, step_policy=PUBLISHED_STEP_POLICY)
+    return Cosmos3Pipeline.from_pretrained(fp8, device="cpu", dtype=torch.float32)
+
+
+def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8_pipe, monkeypatch):
+    from cosmos3.quant import STATIC_FP8, W8A16
+
+    gen_linear = fp8_pipe.model.step_controller.gen_linears[0]
+    methods = []
+    velocity = fp8_pipe.model.velocity
+
+    def record(*args, **kwargs):
+        methods.append(gen_linear.quant_method)
+        return velocity(*args, **kwargs)
+
+    monkeypatch.setattr(fp8_pipe.model, "velocity", record)
+    out = fp8_pipe(job("t2v", steps=8))
+    assert out.info["precision"] == "fp8-static"
+    a16 = out.info["step_policy"]["a16_steps"]
+    assert a16 == [0, 1, 2, 5, 6, 7]  # the published first 3 / last 3
+    assert methods == [W8A16 if i in a16 else STATIC_FP8 for i in range(8) for _branch in ("cond", "uncond")]
+
+
 # -- parity with the published diffusers pipeline ------------------------------------------------
 
 
@@ -379,7 +412,7 @@ def test_unreadable_conditioning_inputs_are_refused(pipe, tmp_path):
     bad.write_text("hello")
     with pytest.raises(PipelineError, match=r"image: cannot read .*not-an-image.png"):
         pipe(job("i2v", image=bad))
-    with pytest.raises(PipelineError, match=r"image: expected an RGB array shaped \[H, W, 3\], got shape \(2, 32, 32, 3\)"):
+    with pytest.raises(PipelineError, match=r"image: expected an RGB array shaped \[H, W, 3\], got shape \(2, 32"):
         pipe(job("i2v", image=np.zeros((2, 32, 32, 3), np.uint8)))
     with pytest.raises(PipelineError, match=r"video: float pixels must lie in \[0, 1\]"):
         pipe(job("v2v", video=np.full((5, 32, 32, 3), 2.0)))
