@@ -1,0 +1,73 @@
+"""RenderWorker as a Ray actor holding one logical GPU, with the fake pipeline."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import ray
+
+from farm import manifest, storage
+from farm.errors import WorkerConfigError
+from tests.farm.helpers import local_cluster, make_checkpoint, write_manifest
+from worker import fake
+from worker.actor import RenderWorker, refuse_sharded_static_fp8
+
+ORIGIN = {"run": "run-1", "path": "/m.yaml", "sha256": "abc", "name": "test"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(num_gpus=1, num_cpus=2):
+        yield
+
+
+def _manifest(tmp_path: Path, **model) -> manifest.Manifest:
+    jobs = [{"id": "clip", "prompt": "a red circle"}, {"id": "still", "task": "t2i", "prompt": "a blue square"}]
+    return manifest.load(write_manifest(tmp_path, jobs, model=model or None))
+
+
+def _worker(m: manifest.Manifest):
+    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, fake.factory, ORIGIN, 0)
+
+
+def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m)
+    identity = ray.get(worker.ready.remote())
+    results = ray.get([worker.render.remote(job, 1) for job in m.jobs])
+    ray.kill(worker)
+
+    assert identity["gpu"] == ["0"] and identity["slot"] == 0 and identity["node"]
+    for job, result in zip(m.jobs, results):
+        assert set(result) == {"key", "attempt", "sha256", "timings", "started", "finished"}
+        assert result["sha256"] == storage.sha256_file(Path(job.media))
+        record = json.loads(storage.sidecar_path(job.media).read_text())
+        assert record["manifest"] == ORIGIN and record["worker"] == identity
+        assert {"checkpoint", "precision", "step_policy"} <= set(record)
+        assert len(record["timings"]["steps"]) == job.steps and record["timings"]["publish"] > 0
+        assert storage.check_published(job.media, job.config_hash, ("run-1", 1)) is None
+    assert Path(m.jobs[1].media).suffix == ".png"
+
+
+def test_worker_refuses_static_fp8_sharded_even_if_the_manifest_let_it_through(cluster, tmp_path):
+    make_checkpoint(tmp_path / "fp8", static_fp8=True)
+    m = _manifest(tmp_path, checkpoint="fp8")
+    sharded = dataclasses.replace(m.model, parallel={**m.model.parallel, "tp_size": 2})
+    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(sharded, fake.factory, ORIGIN, 0)
+    with pytest.raises(ray.exceptions.ActorDiedError, match="static FP8 runs one GPU per worker"):
+        ray.get(worker.ready.remote())
+
+
+@pytest.mark.parametrize("precision, refused", [("auto", True), ("bf16", False)])
+def test_static_fp8_sharding_refusal_depends_on_running_the_static_scales(tmp_path, precision, refused):
+    make_checkpoint(tmp_path / "fp8", static_fp8=True)
+    m = _manifest(tmp_path, checkpoint="fp8", precision=precision)
+    sharded = dataclasses.replace(m.model, parallel={**m.model.parallel, "cfg_size": 2})
+    if refused:
+        with pytest.raises(WorkerConfigError, match=r"parallel.cfg_size=2 \(set it to 1\)"):
+            refuse_sharded_static_fp8(sharded)
+    else:
+        refuse_sharded_static_fp8(sharded)
