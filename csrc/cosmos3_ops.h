@@ -1,0 +1,47 @@
+// Host entry points of the cosmos3 CUDA kernels.
+//
+// Torch-free on purpose: plain pointers, element counts and a stream in, a cudaError_t out, so every
+// .cu file compiles with nvcc alone (scripts/compile_csrc.sh). torch_bindings.cpp checks the tensors and
+// calls these; cosmos3/ops.py holds the CPU impls that reproduce the kernels' arithmetic bit for bit.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace cosmos3 {
+
+enum class Dtype { kBFloat16, kFloat16, kFloat32, kFloat8E4M3 };
+
+// One row of cosmos3/launch_table.py: threads per block, and how many 16-byte vectors of each input a
+// thread loads before it computes (more loads in flight per thread, fewer blocks).
+struct LaunchConfig {
+  int threads;
+  int vectors_per_thread;
+};
+
+// silu_and_mul_2in's scalars, rounded to fp32 exactly as cosmos3/ops.py rounds them.
+struct SwigluScalars {
+  float exp2_coef;  // -alpha * log2(e): sigmoid(alpha * g) = 1 / (1 + 2^(g * exp2_coef))
+  float beta;
+  float limit;  // read only when has_limit
+  bool has_limit;
+};
+
+// out = g' * sigmoid(alpha * g') * (u' + beta), with g' = min(g, limit), u' = clamp(u, -limit, limit) when
+// has_limit. With scale != nullptr the result is divided by *scale and stored as saturated FP8 e4m3;
+// otherwise out_dtype must equal in_dtype.
+cudaError_t silu_and_mul_2in(const void* gate,     // [n] in_dtype
+                             const void* up,       // [n] in_dtype
+                             void* out,            // [n] out_dtype
+                             const float* scale,   // [1] or nullptr
+                             int64_t n, Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars,
+                             LaunchConfig config, cudaStream_t stream);
+
+// out = saturate_fp8(x / *scale), rounded to nearest even.
+cudaError_t quantize_fp8(const void* x,        // [n] in_dtype
+                         void* out,            // [n] FP8 e4m3
+                         const float* scale,   // [1]
+                         int64_t n, Dtype in_dtype, LaunchConfig config, cudaStream_t stream);
+
+}  // namespace cosmos3

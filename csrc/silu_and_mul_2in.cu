@@ -1,0 +1,105 @@
+// silu_and_mul_2in: SwiGLU from separate gate and up tensors (static-FP8 Cosmos3 keeps gate_proj and up_proj
+// split), out = g' * sigmoid(alpha * g') * (u' + beta), optionally divided by a per-tensor scale and stored as
+// FP8 e4m3 straight for down_proj.
+//
+// Bit-exact CPU reference: every fp32 operation below is a single correctly rounded IEEE operation (the _rn
+// intrinsics also stop nvcc from contracting a multiply and an add into an FMA), and the exponential is our
+// own polynomial rather than expf, whose last bit differs from the CPU's exp for some inputs. So
+// cosmos3/ops.py evaluates the same sequence with torch ops and gets the same bits, for every input.
+#include "cosmos3_ops.h"
+#include "vec_fp8.cuh"
+
+namespace cosmos3 {
+namespace {
+
+// 2^f ~= 1 + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * c5)))) on f in [-1/2, 1/2]: a least-squares fit of
+// the relative error, rounded to fp32; at most 2.3 ulp from 2^f when evaluated as below. cosmos3/ops.py holds
+// the same constants (tests/cosmos3/test_ops.py checks that they agree).
+constexpr float kExp2C1 = 0x1.62e42ap-1f;
+constexpr float kExp2C2 = 0x1.ebf9bcp-3f;
+constexpr float kExp2C3 = 0x1.c6b754p-5f;
+constexpr float kExp2C4 = 0x1.3cea8ap-7f;
+constexpr float kExp2C5 = 0x1.5bb9fep-10f;
+// 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer (ties to even) and leaves that
+// integer in the low mantissa bits.
+constexpr float kRoundMagic = 0x1.8p23f;
+// The clamp keeps 2^round(t) * p a normal float, so adding round(t) to p's exponent field is exact. Past
+// these bounds sigmoid is already 1 (t <= -125) or below 1e-38 (t >= 127).
+constexpr float kExp2Min = -125.f;
+constexpr float kExp2Max = 127.f;
+
+__device__ __forceinline__ float exp2_fixed(float t) {
+  t = fminf(fmaxf(t, kExp2Min), kExp2Max);
+  const float rounded = __fadd_rn(t, kRoundMagic);
+  const float f = __fsub_rn(t, __fsub_rn(rounded, kRoundMagic));  // t - round(t), exact
+  float p = __fadd_rn(__fmul_rn(kExp2C5, f), kExp2C4);
+  p = __fadd_rn(__fmul_rn(p, f), kExp2C3);
+  p = __fadd_rn(__fmul_rn(p, f), kExp2C2);
+  p = __fadd_rn(__fmul_rn(p, f), kExp2C1);
+  p = __fadd_rn(__fmul_rn(p, f), 1.f);
+  // round(t) << 23 is the exponent increment: the magic's own bits shift out past bit 31.
+  return __int_as_float(__float_as_int(p) + (__float_as_int(rounded) << 23));
+}
+
+// NaN-propagating min/max (PTX min.NaN, sm_80+), like torch.clamp; fminf would replace a NaN by the bound.
+__device__ __forceinline__ float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// One element. The FP8 path folds the scale into the denominator, (g * (u + beta)) / ((1 + e) * scale), so an
+// element costs one division.
+template <bool kLimit, bool kScaled>
+struct SwigluOp {
+  SwigluScalars s;
+
+  __device__ __forceinline__ float operator()(const float (&x)[2], float scale) const {
+    float g = x[0];
+    float u = x[1];
+    if constexpr (kLimit) {
+      g = min_nan(g, s.limit);
+      u = min_nan(max_nan(u, -s.limit), s.limit);
+    }
+    const float e = exp2_fixed(__fmul_rn(g, s.exp2_coef));  // exp(-alpha * g)
+    const float num = __fmul_rn(g, __fadd_rn(u, s.beta));
+    float den = __fadd_rn(e, 1.f);
+    if constexpr (kScaled) den = __fmul_rn(den, scale);
+    return __fdiv_rn(num, den);
+  }
+};
+
+template <typename In, typename Out, bool kScaled>
+cudaError_t launch_for_limit(const In* gate, const In* up, Out* out, const float* scale, int64_t n,
+                             SwigluScalars s, LaunchConfig config, cudaStream_t stream) {
+  const Inputs<In, 2> in{{gate, up}};
+  if (s.has_limit) return launch_map(in, out, scale, n, SwigluOp<true, kScaled>{s}, config, stream);
+  return launch_map(in, out, scale, n, SwigluOp<false, kScaled>{s}, config, stream);
+}
+
+}  // namespace
+
+cudaError_t silu_and_mul_2in(const void* gate, const void* up, void* out, const float* scale, int64_t n,
+                             Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars, LaunchConfig config,
+                             cudaStream_t stream) {
+  return dispatch_input_dtype(in_dtype, [&](auto in_type) -> cudaError_t {
+    using In = decltype(in_type);
+    const In* g = static_cast<const In*>(gate);
+    const In* u = static_cast<const In*>(up);
+    if (out_dtype == Dtype::kFloat8E4M3 && scale != nullptr) {
+      return launch_for_limit<In, __nv_fp8_e4m3, true>(g, u, static_cast<__nv_fp8_e4m3*>(out), scale, n, scalars,
+                                                       config, stream);
+    }
+    if (out_dtype == in_dtype && scale == nullptr) {
+      return launch_for_limit<In, In, false>(g, u, static_cast<In*>(out), nullptr, n, scalars, config, stream);
+    }
+    return cudaErrorInvalidValue;
+  });
+}
+
+}  // namespace cosmos3

@@ -1,0 +1,130 @@
+// CUDA impls of the cosmos3 ops: tensors checked here, then handed to the torch-free launchers.
+//
+// Note on registration: the schemas of torch.ops.cosmos3.* are defined in Python (cosmos3/ops.py, with
+// torch.library), together with their CPU and fake impls, so the ops exist on a machine without CUDA or
+// nvcc. This file only adds the CUDA kernels, through TORCH_LIBRARY_IMPL(cosmos3, CUDA, m), when
+// cosmos3/ops.py builds and loads it on first CUDA use. A TORCH_LIBRARY(cosmos3, m) block here would own the
+// namespace instead, and the ops would only exist after a CUDA build. The argument checks below mirror
+// _check_swiglu_args / _check_quantize_args in cosmos3/ops.py word for word.
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <array>
+
+#include "cosmos3_ops.h"
+
+namespace cosmos3 {
+namespace {
+
+// The fp32 of log2(e), as cosmos3/ops.py's LOG2E_F32.
+constexpr float kLog2e = 0x1.715476p+0f;
+
+enum OpIndex { kSiluAndMul2in, kQuantizeFp8, kNumOps };
+constexpr int kMaxSm = 256;
+
+// Launch parameters by SM version (10 * major + minor); SM 0 holds the fallback for any unset version.
+// Written by set_launch_params while cosmos3/ops.py loads this module (and by the launch sweep), read on
+// every call.
+std::array<std::array<LaunchConfig, kNumOps>, kMaxSm> launch_configs{};
+
+OpIndex op_index(const std::string& op) {
+  if (op == "silu_and_mul_2in") return kSiluAndMul2in;
+  if (op == "quantize_fp8") return kQuantizeFp8;
+  TORCH_CHECK_VALUE(false, "set_launch_params: unknown op '", op, "'; expected silu_and_mul_2in or quantize_fp8");
+}
+
+void set_launch_params(int64_t sm, const std::string& op, int64_t threads, int64_t vectors_per_thread) {
+  TORCH_CHECK_VALUE(sm >= 0 && sm < kMaxSm, "set_launch_params: sm must be in [0, ", kMaxSm, "), got ", sm);
+  launch_configs[sm][op_index(op)] = LaunchConfig{int(threads), int(vectors_per_thread)};
+}
+
+LaunchConfig launch_config(OpIndex op) {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  const int sm = prop->major * 10 + prop->minor;
+  const LaunchConfig own = sm < kMaxSm ? launch_configs[sm][op] : LaunchConfig{};
+  const LaunchConfig config = own.threads > 0 ? own : launch_configs[0][op];
+  TORCH_CHECK(config.threads > 0, "cosmos3: no launch parameters for sm_", sm,
+              "; load the CUDA ops through cosmos3.ops.load_cuda_ops()");
+  return config;
+}
+
+Dtype input_dtype(const char* op, const char* name, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return Dtype::kBFloat16;
+    case at::kHalf: return Dtype::kFloat16;
+    case at::kFloat: return Dtype::kFloat32;
+    default: TORCH_CHECK_VALUE(false, op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
+  }
+}
+
+void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides(),
+                    " for shape ", t.sizes(), "; call .contiguous() first");
+}
+
+void check_scale(const char* op, const at::Tensor& scale, const at::Tensor& input) {
+  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ", scale.scalar_type());
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must have exactly one element, got shape ", scale.sizes());
+  TORCH_CHECK_VALUE(scale.device() == input.device(), op, ": scale must be on the input's device ", input.device(),
+                    ", got ", scale.device());
+}
+
+void check_launch(const char* op, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+// gate, up: [...] equal shapes; scale: [1] or [] fp32 -> [...] in gate's dtype, or FP8 e4m3 with a scale.
+at::Tensor silu_and_mul_2in(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& scale,
+                            std::optional<double> limit, double alpha, double beta) {
+  constexpr const char* kOp = "silu_and_mul_2in";
+  TORCH_CHECK_VALUE(gate.sizes() == up.sizes(), kOp, ": gate and up must have the same shape, got ", gate.sizes(),
+                    " and ", up.sizes());
+  TORCH_CHECK_VALUE(gate.scalar_type() == up.scalar_type(), kOp, ": gate and up must have the same dtype, got ",
+                    gate.scalar_type(), " and ", up.scalar_type());
+  TORCH_CHECK_VALUE(gate.device() == up.device(), kOp, ": gate and up must be on the same device, got ",
+                    gate.device(), " and ", up.device());
+  const Dtype in_dtype = input_dtype(kOp, "gate", gate);
+  check_contiguous(kOp, "gate", gate);
+  check_contiguous(kOp, "up", up);
+  if (scale) check_scale(kOp, *scale, gate);
+  TORCH_CHECK_VALUE(!limit || *limit > 0, kOp, ": limit must be positive, got ", *limit);
+
+  const c10::cuda::OptionalCUDAGuard guard(gate.device());
+  at::Tensor out = at::empty(gate.sizes(), gate.options().dtype(scale ? at::kFloat8_e4m3fn : gate.scalar_type()));
+  const SwigluScalars scalars{-static_cast<float>(alpha) * kLog2e, static_cast<float>(beta),
+                              limit ? static_cast<float>(*limit) : 0.f, limit.has_value()};
+  check_launch(kOp, cosmos3::silu_and_mul_2in(gate.data_ptr(), up.data_ptr(), out.data_ptr(),
+                                              scale ? scale->data_ptr<float>() : nullptr, gate.numel(), in_dtype,
+                                              scale ? Dtype::kFloat8E4M3 : in_dtype, scalars,
+                                              launch_config(kSiluAndMul2in), at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+// x: [...]; scale: [1] or [] fp32 -> [...] FP8 e4m3.
+at::Tensor quantize_fp8(const at::Tensor& x, const at::Tensor& scale) {
+  constexpr const char* kOp = "quantize_fp8";
+  const Dtype in_dtype = input_dtype(kOp, "x", x);
+  check_contiguous(kOp, "x", x);
+  check_scale(kOp, scale, x);
+
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  check_launch(kOp, cosmos3::quantize_fp8(x.data_ptr(), out.data_ptr(), scale.data_ptr<float>(), x.numel(), in_dtype,
+                                          launch_config(kQuantizeFp8), at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+}  // namespace
+}  // namespace cosmos3
+
+TORCH_LIBRARY_IMPL(cosmos3, CUDA, m) {
+  m.impl("silu_and_mul_2in", &cosmos3::silu_and_mul_2in);
+  m.impl("quantize_fp8", &cosmos3::quantize_fp8);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("set_launch_params", &cosmos3::set_launch_params, "Sets one op's launch parameters for one SM version",
+        pybind11::arg("sm"), pybind11::arg("op"), pybind11::arg("threads"), pybind11::arg("vectors_per_thread"));
+}

@@ -1,0 +1,424 @@
+"""torch.ops.cosmos3: silu_and_mul_2in and quantize_fp8.
+
+CPU tests (CI): registration (opcheck, torch.compile), argument checks, ranks, limit/alpha/beta, the CPU impl
+against an independent numpy formula bit for bit, the launch table. GPU tests (``-m gpu``, on an H200): the
+CUDA kernels against the CPU impl bit for bit, torch.compile, CUDA-graph replay, opcheck.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.library import opcheck
+
+from cosmos3 import launch_table, ops
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+FP8 = torch.float8_e4m3fn
+CHUNK = 1 << 22  # elements per CPU-reference call on large GPU shapes: bounded host memory
+
+SWIGLU_KWARGS = [
+    pytest.param({}, id="plain"),
+    pytest.param({"limit": 7.0}, id="limit"),
+    pytest.param({"alpha": 1.702, "beta": 1.0}, id="alpha-beta"),
+    pytest.param({"limit": 7.0, "alpha": 1.702, "beta": 1.0}, id="limit-alpha-beta"),
+]
+INPUT_DTYPES = [
+    pytest.param(torch.bfloat16, id="bf16"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.float32, id="fp32"),
+]
+OUTPUTS = [pytest.param(False, id="same-dtype-out"), pytest.param(True, id="fp8-out")]
+RANK_SHAPES = [
+    pytest.param((37,), id="rank1"),
+    pytest.param((5, 37), id="rank2"),
+    pytest.param((2, 3, 37), id="rank3"),
+    pytest.param((2, 1, 3, 37), id="rank4"),
+]
+
+
+def _bf16(*shape, device="cpu"):
+    return torch.randn(*shape, device=device).to(torch.bfloat16)
+
+
+def _scale(value=0.02, device="cpu"):
+    return torch.tensor([value], device=device)
+
+
+# Each builds silu_and_mul_2in's arguments on a device; the message is the rule that must be named.
+INVALID_SWIGLU_CALLS = [
+    pytest.param(lambda d: {"gate": _bf16(4, 8, device=d), "up": _bf16(4, 9, device=d)},
+                 "gate and up must have the same shape", id="shape-mismatch"),
+    pytest.param(lambda d: {"gate": _bf16(4, 8, device=d), "up": _bf16(4, 8, device=d).half()},
+                 "gate and up must have the same dtype", id="dtype-mismatch"),
+    pytest.param(lambda d: {"gate": torch.ones(4, 8, dtype=torch.int32, device=d),
+                            "up": torch.ones(4, 8, dtype=torch.int32, device=d)},
+                 "gate must be bfloat16, float16 or float32", id="int-inputs"),
+    pytest.param(lambda d: {"gate": _bf16(8, 4, device=d).t(), "up": _bf16(8, 4, device=d).t()},
+                 "gate must be contiguous", id="transposed-gate"),
+    pytest.param(lambda d: {"gate": _bf16(4, 8, device=d), "up": _bf16(4, 16, device=d)[:, ::2]},
+                 "up must be contiguous", id="strided-up"),
+    pytest.param(lambda d: {"gate": _bf16(4, 8, device=d), "up": _bf16(4, 8, device=d),
+                            "scale": _scale(device=d).double()},
+                 "scale must be float32", id="scale-float64"),
+    pytest.param(lambda d: {"gate": _bf16(4, 8, device=d), "up": _bf16(4, 8, device=d),
+                            "scale": torch.tensor([0.02, 0.03], device=d)},
+                 "scale must have exactly one element", id="scale-two-elements"),
+    pytest.param(lambda d: {"gate": _bf16(4, 8, device=d), "up": _bf16(4, 8, device=d), "limit": 0.0},
+                 "limit must be positive", id="limit-zero"),
+]
+INVALID_QUANTIZE_CALLS = [
+    pytest.param(lambda d: {"x": _bf16(8, 4, device=d).t(), "scale": _scale(device=d)},
+                 "x must be contiguous", id="transposed-x"),
+    pytest.param(lambda d: {"x": torch.ones(4, dtype=torch.int8, device=d), "scale": _scale(device=d)},
+                 "x must be bfloat16, float16 or float32", id="int8-x"),
+    pytest.param(lambda d: {"x": _bf16(4, device=d), "scale": _scale(device=d).half()},
+                 "scale must be float32", id="scale-float16"),
+    pytest.param(lambda d: {"x": _bf16(4, device=d), "scale": torch.ones(2, 1, device=d)},
+                 "scale must have exactly one element", id="scale-two-elements"),
+]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal dtype, shape and bits; NaNs only need to sit at the same places (their payloads may differ)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    nan = expected.float().isnan()
+    assert torch.equal(actual.float().isnan(), nan), "NaNs at different places"
+    differ = (_bits(actual) != _bits(expected)) & ~nan
+    assert not differ.any(), f"{int(differ.sum())} of {differ.numel()} elements differ"
+
+
+def _all_16bit_values(dtype: torch.dtype) -> torch.Tensor:
+    return torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def _specials(dtype: torch.dtype) -> torch.Tensor:
+    big = torch.finfo(dtype).max
+    return torch.tensor([0.0, -0.0, 1.0, -1.0, big, -big, float("inf"), float("-inf"), float("nan"), 1e-30, 88.0,
+                         -88.0, 90.0, -90.0, 200.0, -200.0, 464.0, 1e4], dtype=dtype)
+
+
+# --- an independent numpy formula of the documented arithmetic ---
+
+def _np_swiglu(g: np.ndarray, u: np.ndarray, scale: float | None, limit: float | None, alpha: float,
+               beta: float) -> np.ndarray:
+    """float32 numpy, every step one rounded fp32 op; round-to-integer by rint and scaling by ldexp, where the
+    kernel uses a magic-number add and an exponent-field add."""
+    f32 = np.float32
+    with np.errstate(all="ignore"):
+        if limit is not None:
+            g = np.where(g > f32(limit), f32(limit), g)
+            u = np.where(u < -f32(limit), -f32(limit), np.where(u > f32(limit), f32(limit), u))
+        t = np.fmin(np.fmax(g * (f32(-alpha) * f32(np.log2(np.e))), f32(-125)), f32(127))
+        n = np.rint(t)
+        f = t - n
+        p = f * f32(ops.EXP2_COEFFS[4]) + f32(ops.EXP2_COEFFS[3])
+        for c in (*ops.EXP2_COEFFS[2::-1], 1.0):
+            p = p * f + f32(c)
+        e = np.ldexp(p, n.astype(np.int32))
+        den = e + f32(1)
+        if scale is not None:
+            den = den * f32(scale)
+        return (g * (u + f32(beta))) / den
+
+
+def _np_reference(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    y = torch.from_numpy(_np_swiglu(gate.float().numpy(), up.float().numpy(),
+                                    None if scale is None else scale.item(), kwargs.get("limit"),
+                                    kwargs.get("alpha", 1.0), kwargs.get("beta", 0.0)))
+    return y.clamp(-448, 448).to(FP8) if scale is not None else y.to(gate.dtype)
+
+
+def _gate_up_with_every_gate_value(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate: every 16-bit pattern plus special values; up: random values of several magnitudes plus specials."""
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.float32:
+        gate = torch.cat([torch.randn(1 << 16, generator=gen) * 30, _specials(dtype)])
+    else:
+        gate = torch.cat([_all_16bit_values(dtype), _specials(dtype)])
+    up = torch.randn(gate.shape, generator=gen) * torch.tensor([0.01, 1.0, 100.0]).repeat(gate.numel() // 3 + 1)[
+        :gate.numel()]
+    up[-len(_specials(dtype)):] = _specials(dtype).float().flip(0)
+    return gate, up.to(dtype)
+
+
+# --- CPU ---
+
+@pytest.mark.parametrize("fp8_out", OUTPUTS)
+@pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
+def test_opcheck_silu_and_mul_2in(fp8_out, kwargs):
+    scale = _scale() if fp8_out else None
+    opcheck(torch.ops.cosmos3.silu_and_mul_2in.default, (_bf16(7, 33), _bf16(7, 33), scale),
+            {k: v for k, v in kwargs.items()})
+
+
+def test_opcheck_quantize_fp8():
+    opcheck(torch.ops.cosmos3.quantize_fp8.default, (_bf16(7, 33), _scale()))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
+def test_silu_and_mul_2in_names_the_broken_rule(make, message, device):
+    with pytest.raises(ValueError, match=message):
+        ops.silu_and_mul_2in(**make(device))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
+def test_quantize_fp8_names_the_broken_rule(make, message, device):
+    with pytest.raises(ValueError, match=message):
+        ops.quantize_fp8(**make(device))
+
+
+@pytest.mark.parametrize("fp8_out", OUTPUTS)
+@pytest.mark.parametrize("shape", RANK_SHAPES)
+def test_any_rank_gives_the_flat_result_in_the_input_shape(shape, fp8_out):
+    gate, up = _bf16(*shape), _bf16(*shape)
+    scale = _scale() if fp8_out else None
+    out = ops.silu_and_mul_2in(gate, up, scale=scale)
+    flat = ops.silu_and_mul_2in(gate.reshape(-1), up.reshape(-1), scale=scale)
+    assert out.shape == shape
+    assert_same_bits(out.reshape(-1), flat)
+    fake = ops.silu_and_mul_2in(gate.to("meta"), up.to("meta"), scale=None if scale is None else scale.to("meta"))
+    assert (fake.shape, fake.dtype) == (out.shape, out.dtype)
+
+
+@pytest.mark.parametrize("fp8_out", OUTPUTS)
+@pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_cpu_impl_equals_independent_formula_bit_for_bit(dtype, kwargs, fp8_out):
+    gate, up = _gate_up_with_every_gate_value(dtype)
+    scale = _scale(0.05) if fp8_out else None
+    assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale, **kwargs), _np_reference(gate, up, scale, **kwargs))
+
+
+def test_fp32_constants_are_log2e_and_agree_with_the_kernel():
+    assert ops.LOG2E_F32 == float(np.float32(np.log2(np.e)))
+    source = (CSRC / "silu_and_mul_2in.cu").read_text()
+    kernel = [float.fromhex(h) for h in re.findall(r"constexpr float kExp2C\d = (0x[0-9a-fp.+-]+)f;", source)]
+    assert kernel == list(ops.EXP2_COEFFS)
+    bindings = (CSRC / "torch_bindings.cpp").read_text()
+    assert float.fromhex(re.search(r"constexpr float kLog2e = (0x[0-9a-fp.+-]+)f;", bindings).group(1)) == ops.LOG2E_F32
+
+
+@pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
+def test_fp32_result_is_within_a_few_ulp_of_the_exact_formula(kwargs):
+    gen = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(1 << 18, generator=gen) * 20, torch.randn(1 << 18, generator=gen) * 10
+    out = ops.silu_and_mul_2in(gate, up, **kwargs).double()
+    g, u = gate.double(), up.double()
+    if "limit" in kwargs:
+        g, u = g.clamp(max=kwargs["limit"]), u.clamp(-kwargs["limit"], kwargs["limit"])
+    alpha_g = kwargs.get("alpha", 1.0) * g
+    exact = g * torch.sigmoid(alpha_g) * (u + kwargs.get("beta", 0.0))
+    ulps = (out - exact).abs() / (exact.abs() * torch.finfo(torch.float32).eps)
+    # exp(-alpha * g) is 2^(g * fp32(-alpha * log2 e)): that product's rounding costs up to |alpha * g| ulp
+    normal = exact.abs() > 1e-30
+    assert (ulps[normal] <= 8 + alpha_g.abs()[normal]).all()
+
+
+def test_fp8_output_saturates_instead_of_overflowing_to_nan():
+    x = torch.tensor([463.0, 464.0, 465.0, 1e6, float("inf"), -1e6, float("-inf"), float("nan"), 2.0 ** -10])
+    codes = _bits(ops.quantize_fp8(x, _scale(1.0))).tolist()
+    assert codes[:7] == [0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE, 0xFE]  # +-448
+    assert torch.isnan(ops.quantize_fp8(x, _scale(1.0)).float()[7])
+    assert codes[8] == 0  # 2^-10 is half the smallest subnormal: ties to even, to zero
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_quantize_fp8_divides_by_the_scale_then_rounds(dtype):
+    x = torch.cat([_all_16bit_values(torch.bfloat16).float(), _specials(torch.float32)]).to(dtype)
+    scale = _scale(0.37)
+    expected = (x.float() / 0.37).clamp(-448, 448).to(FP8)
+    assert_same_bits(ops.quantize_fp8(x, scale), expected)
+
+
+def test_compile_fullgraph_on_cpu_matches_eager():
+    def fn(gate, up, scale):
+        return ops.silu_and_mul_2in(gate, up, scale=scale, limit=7.0), ops.quantize_fp8(ops.silu_and_mul_2in(gate, up),
+                                                                                        scale)
+
+    gate, up, scale = _bf16(3, 5, 64), _bf16(3, 5, 64), _scale()
+    for got, want in zip(torch.compile(fn, fullgraph=True)(gate, up, scale), fn(gate, up, scale)):
+        assert_same_bits(got, want)
+
+
+def test_launch_table_rows_fit_the_kernels():
+    for sm, row in [*launch_table.TABLE.items(), (0, launch_table.DEFAULT)]:
+        assert set(row) == set(launch_table.OPS), sm
+        for params in row.values():
+            threads, vectors = params.threads, params.vectors_per_thread
+            assert 32 <= threads <= 1024 and threads & (threads - 1) == 0, (sm, params)
+            assert vectors in (1, 2, 4) and threads * vectors <= 1024, (sm, params)
+    assert {90, 100} <= set(launch_table.TABLE)
+
+
+def test_unknown_arch_gets_the_default_row_and_one_log_line(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch_table, "log", SimpleNamespace(warning=lambda *a, **kw: calls.append(kw)))
+    launch_table._log_unknown_arch.cache_clear()
+    assert launch_table.launch_params(999) is launch_table.DEFAULT
+    assert launch_table.launch_params(999) is launch_table.DEFAULT
+    assert [c["sm"] for c in calls] == [999]
+
+
+def test_missing_nvcc_is_a_clear_error(monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(RuntimeError, match="needs nvcc"):
+        ops._require_toolchain()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_load_cuda_ops_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        ops.load_cuda_ops()
+
+
+# --- GPU (H200) ---
+
+def gpu_test(fn):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
+
+
+GPU_SHAPES = [
+    pytest.param((8, 4), id="8x4"),
+    pytest.param((13, 257), id="13x257"),
+    pytest.param((1760, 12288), id="1760x12288"),
+    pytest.param((88320, 12288), id="88320x12288"),
+]
+GPU_VARIANTS = [  # input dtype, FP8 output
+    pytest.param(torch.bfloat16, False, id="bf16"),
+    pytest.param(torch.float16, False, id="fp16"),
+    pytest.param(torch.bfloat16, True, id="bf16-to-fp8"),
+]
+
+
+def _cpu_reference(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None, **kwargs) -> torch.Tensor:
+    """The op's CPU impl on host copies, CHUNK elements per call."""
+    g, u = gate.cpu().reshape(-1), up.cpu().reshape(-1)
+    s = None if scale is None else scale.cpu()
+    parts = [ops.silu_and_mul_2in(a, b, scale=s, **kwargs) for a, b in zip(g.split(CHUNK), u.split(CHUNK))]
+    return torch.cat(parts).reshape(gate.shape)
+
+
+def _random_gate_up(shape, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gate = (torch.randn(shape, device="cuda", generator=gen) * 3).to(dtype)
+    up = (torch.randn(shape, device="cuda", generator=gen) * 2).to(dtype)
+    return gate, up
+
+
+@gpu_test
+@pytest.mark.parametrize(("dtype", "fp8_out"), GPU_VARIANTS)
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_gpu_matches_cpu_impl_bit_for_bit(shape, dtype, fp8_out):
+    gate, up = _random_gate_up(shape, dtype)
+    scale = _scale(0.02, "cuda") if fp8_out else None
+    out = ops.silu_and_mul_2in(gate, up, scale=scale).cpu()
+    assert_same_bits(out, _cpu_reference(gate, up, scale))
+
+
+@gpu_test
+@pytest.mark.parametrize("fp8_out", OUTPUTS)
+@pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_gpu_every_gate_value_and_special_values_match_cpu(dtype, kwargs, fp8_out):
+    gate, up = _gate_up_with_every_gate_value(dtype, seed=2)
+    scale = _scale(0.05) if fp8_out else None
+    out = ops.silu_and_mul_2in(gate.cuda(), up.cuda(), scale=None if scale is None else scale.cuda(), **kwargs)
+    assert_same_bits(out.cpu(), ops.silu_and_mul_2in(gate, up, scale=scale, **kwargs))
+
+
+@gpu_test
+@pytest.mark.parametrize("shape", [(13, 257), (1760, 12288)])
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_gpu_quantize_fp8_matches_cpu(dtype, shape):
+    x = torch.randn(shape, device="cuda").mul(300).to(dtype)
+    x.view(-1)[:18] = _specials(dtype).cuda()
+    scale = _scale(0.37, "cuda")
+    assert_same_bits(ops.quantize_fp8(x, scale).cpu(), ops.quantize_fp8(x.cpu(), scale.cpu()))
+
+
+@gpu_test
+def test_gpu_input_off_a_16_byte_boundary_takes_the_scalar_path():
+    gate_buf, up_buf = _random_gate_up((1 + 13 * 257,), torch.bfloat16)
+    gate, up = gate_buf[1:].view(13, 257), up_buf[1:].view(13, 257)
+    for scale in (None, _scale(0.02, "cuda")):
+        assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale).cpu(), _cpu_reference(gate, up, scale))
+    assert_same_bits(ops.quantize_fp8(gate, _scale(0.02, "cuda")).cpu(), ops.quantize_fp8(gate.cpu(), _scale(0.02)))
+
+
+@gpu_test
+@pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
+def test_gpu_silu_and_mul_2in_names_the_broken_rule(make, message):
+    with pytest.raises(ValueError, match=message):
+        ops.silu_and_mul_2in(**make("cuda"))
+
+
+@gpu_test
+@pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
+def test_gpu_quantize_fp8_names_the_broken_rule(make, message):
+    with pytest.raises(ValueError, match=message):
+        ops.quantize_fp8(**make("cuda"))
+
+
+@gpu_test
+def test_gpu_scale_on_another_device_is_rejected():
+    with pytest.raises(ValueError, match="scale must be on the input's device"):
+        ops.silu_and_mul_2in(_bf16(4, 8, device="cuda"), _bf16(4, 8, device="cuda"), scale=_scale())
+
+
+@gpu_test
+def test_gpu_compile_fullgraph_matches_eager():
+    def fn(gate, up, scale):
+        return (ops.silu_and_mul_2in(gate, up, scale=scale, limit=7.0, alpha=1.702, beta=1.0),
+                ops.quantize_fp8(ops.silu_and_mul_2in(gate, up), scale))
+
+    gate, up = _random_gate_up((4, 33, 1024), torch.bfloat16)
+    scale = _scale(0.02, "cuda")
+    for got, want in zip(torch.compile(fn, fullgraph=True)(gate, up, scale), fn(gate, up, scale)):
+        assert_same_bits(got.cpu(), want.cpu())
+
+
+@gpu_test
+def test_gpu_cuda_graph_replay_reads_the_scale_updated_in_place():
+    gate, up = _random_gate_up((64, 1000), torch.bfloat16)
+    scale = _scale(0.02, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (and first-use load) outside the capture
+        ops.silu_and_mul_2in(gate, up, scale=scale)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.silu_and_mul_2in(gate, up, scale=scale)
+    scale.fill_(0.05)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_same_bits(out.cpu(), _cpu_reference(gate, up, _scale(0.05)))
+    assert not torch.equal(_bits(out.cpu()), _bits(_cpu_reference(gate, up, _scale(0.02))))
+
+
+@gpu_test
+@pytest.mark.parametrize("fp8_out", OUTPUTS)
+@pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
+def test_gpu_opcheck_silu_and_mul_2in(kwargs, fp8_out):
+    gate, up = _random_gate_up((7, 1000), torch.bfloat16)
+    opcheck(torch.ops.cosmos3.silu_and_mul_2in.default, (gate, up, _scale(0.02, "cuda") if fp8_out else None),
+            kwargs)
+
+
+@gpu_test
+def test_gpu_opcheck_quantize_fp8():
+    opcheck(torch.ops.cosmos3.quantize_fp8.default, (_bf16(7, 1000, device="cuda"), _scale(0.02, "cuda")))
