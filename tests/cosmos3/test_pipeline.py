@@ -469,5 +469,12 @@ def test_incomplete_checkpoint_is_refused_naming_what_is_missing(root, tmp_path)
 def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
     assert pipe(job("t2v")).info["checkpoint"] == checkpoint_identity(root)
     assert checkpoint_identity(root)["path"] == str(root.resolve())
-    deeper = make_tiny_checkpoint(tmp_path / "deeper", num_hidden_layers=3)
-    assert checkpoint_identity(deeper)["sha256"] != checkpoint_identity(root)["sha256"]
+    other = tmp_path / "other"
+    shutil.copytree(root / "transformer", other / "transformer")
+    config = other / "transformer" / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
+    assert checkpoint_identity(other)["sha256"] != checkpoint_identity(root)["sha256"]
+    index = next((other / "transformer").glob("*.index.json"))
+    config.write_text((root / "transformer" / "config.json").read_text())
+    index.write_text(index.read_text().replace("00002-of", "00003-of"))
+    assert checkpoint_identity(other)["sha256"] != checkpoint_identity(root)["sha256"]
