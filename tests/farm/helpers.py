@@ -10,6 +10,8 @@ from typing import Any, Iterator
 import ray
 import yaml
 
+from farm import storage
+
 STATIC_FP8_QUANT = {
     "quant_method": "modelopt", "quant_algo": "FP8", "quant_type": "FP8_FP8", "weight_only": False,
     "config_groups": {"group_0": {"weights": {"dynamic": False, "num_bits": 8, "type": "float"},
@@ -42,6 +44,12 @@ def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaul
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+def publish(job, *, run: str, attempt: int = 1, data: bytes = b"video bytes") -> None:
+    """Publishes `job` the way a worker does, with made-up media bytes."""
+    media = storage.publish(Path(job.media), attempt, lambda temp: temp.write_bytes(data))
+    storage.write_json(storage.sidecar_path(job.media), storage.sidecar_record(job, run, attempt, media), attempt)
 
 
 def output_files(root: Path) -> list[str]:

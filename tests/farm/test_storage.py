@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from farm import manifest, storage
-from tests.farm.helpers import output_files, write_manifest
+from tests.farm.helpers import output_files, publish, write_manifest
 
 RUN = "run-1"
 
@@ -17,11 +17,6 @@ RUN = "run-1"
 @pytest.fixture
 def job(tmp_path) -> manifest.Job:
     return manifest.load(write_manifest(tmp_path, [{"id": "clip", "prompt": "a red circle"}])).jobs[0]
-
-
-def _publish(job: manifest.Job, data: bytes = b"video bytes", attempt: int = 1, run: str = RUN) -> None:
-    media = storage.publish(Path(job.media), attempt, lambda temp: temp.write_bytes(data))
-    storage.write_json(storage.sidecar_path(job.media), storage.sidecar_record(job, run, attempt, media), attempt)
 
 
 def test_publish_renames_into_place_and_reports_the_sha256(tmp_path, job):
@@ -46,7 +41,7 @@ def test_a_job_is_done_only_with_a_matching_sidecar_and_media(job):
     storage.publish(Path(job.media), 1, lambda temp: temp.write_bytes(b"media without sidecar"))
     assert not storage.is_done(job)
 
-    _publish(job)
+    publish(job, run=RUN)
     assert storage.is_done(job)
 
     Path(job.media).write_bytes(b"replaced by something else")
@@ -54,21 +49,21 @@ def test_a_job_is_done_only_with_a_matching_sidecar_and_media(job):
 
 
 def test_a_sidecar_for_another_config_is_not_done(job):
-    _publish(job)
+    publish(job, run=RUN)
     assert storage.check_published(job.media, "another config hash") == "sidecar records another config"
 
 
 def test_only_the_awaited_attempt_counts_as_published(job):
-    _publish(job, attempt=1, run="earlier-run")
+    publish(job, run="earlier-run", attempt=1)
     assert storage.is_done(job)
     assert "not" in storage.check_published(job.media, job.config_hash, (RUN, 1))
-    _publish(job, attempt=2)
+    publish(job, run=RUN, attempt=2)
     assert storage.check_published(job.media, job.config_hash, (RUN, 2)) is None
     assert storage.check_published(job.media, job.config_hash, (RUN, 1)) is not None
 
 
 def test_sidecar_records_job_config_attempt_and_media(job):
-    _publish(job, attempt=3)
+    publish(job, run=RUN, attempt=3)
     record = json.loads(storage.sidecar_path(job.media).read_text())
     assert (record["key"], record["config_hash"], record["attempt"], record["run"]) == ("clip", job.config_hash, 3, RUN)
     assert record["media"] == {"file": "clip_s0.mp4", "sha256": hashlib.sha256(b"video bytes").hexdigest(), "bytes": 11}

@@ -1,0 +1,104 @@
+"""The `farm` command: exit codes, resume after an interrupted run, status, retry, and a driver without torch."""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from farm import cli, driver, manifest
+from tests.farm import fakes
+from tests.farm.helpers import local_cluster, output_files, publish, state, temp_files, write_manifest
+from worker import fake
+
+REPO = Path(__file__).parents[2]
+SLOW_JOBS = [{"id": f"clip{i}", "prompt": f"shot {i}"} for i in range(6)]  # ~1 s each with 100 fake steps
+
+
+@pytest.fixture(scope="module")
+def address():
+    with local_cluster(num_gpus=2, num_cpus=4):
+        yield ray.get_runtime_context().gcs_address
+
+
+def _farm(*args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "farm", *args, "--pipeline", "worker.fake:factory", "--no-progress"]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _sidecars(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.mp4.json"))
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.1)
+
+
+def test_farm_imports_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import farm.cli, farm.driver, farm.scheduler, farm.cluster, worker.actor, worker.fake\n")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_a_second_submit_after_ctrl_c_renders_only_what_was_missing(address, tmp_path):
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
+    root = tmp_path / "out"
+    run = _farm("submit", str(path), "--address", address)
+    _wait_for(lambda: len(_sidecars(root)) >= 2)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=120)
+
+    assert run.returncode == cli.EXIT_INTERRUPTED, err
+    first = {p: json.loads(p.read_text())["run"] for p in _sidecars(root)}
+    assert 2 <= len(first) < len(SLOW_JOBS) and not temp_files(root)
+    assert state(root)["result"] == "interrupted"
+
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
+    assert report.ok and len(report.skipped) == len(first)
+    assert len(report.outcomes) == len(SLOW_JOBS) - len(first)
+    assert all(json.loads(p.read_text())["run"] == run_id for p, run_id in first.items())
+    assert len(output_files(root)) == 2 * len(SLOW_JOBS)
+
+
+def test_status_retry_and_plan_after_a_run_with_a_failure(address, tmp_path, capsys):
+    jobs = [{"id": "good", "prompt": "fine"}, {"id": "bad", "prompt": "fail", "retries": 0}]
+    path = write_manifest(tmp_path, jobs)
+    args = cli.build_parser().parse_args(["submit", str(path), "--no-progress"])
+    args.pipeline = _failing_pipeline(tmp_path)
+    assert args.func(args) == 1
+    capsys.readouterr()
+
+    assert cli.main(["status", str(tmp_path / "out"), "--output", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)["manifests"][0]
+    assert (row["manifest"], row["done"], row["failed"], row["pending"]) == ("test", 1, 1, 0)
+
+    # The cause is fixed (here: a pipeline that works); retry renders the failed job and nothing else.
+    assert cli.main(["retry", str(path), "--pipeline", "worker.fake:factory", "--no-progress"]) == 0
+    assert "1 done, 0 failed, 0 pending, 0 skipped" in capsys.readouterr().out
+    assert {k: v["state"] for k, v in state(tmp_path / "out")["jobs"].items()} == {"good": "done", "bad": "done"}
+
+    assert cli.main(["plan", str(path)]) == 0
+    assert "2 renders, 0 to do, 2 done" in capsys.readouterr().out
+
+
+def test_submit_with_everything_done_starts_no_run(tmp_path, capsys):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    publish(manifest.load(path).jobs[0], run="earlier")
+    assert cli.main(["submit", str(path), "--output", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"] == {"done": 0, "failed": 0, "pending": 0, "skipped": 1}
+    assert not (tmp_path / "out/.farm/test/events.jsonl").exists()  # no workers, no events
+
+
+def _failing_pipeline(tmp_path: Path):
+    (tmp_path / "markers").mkdir()
+    return functools.partial(fakes.scripted, markers=str(tmp_path / "markers"))
