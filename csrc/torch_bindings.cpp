@@ -76,7 +76,7 @@ void check_launch(const char* op, cudaError_t err) {
 }
 
 // gate, up: [...] equal shapes; scale: [1] or [] fp32 -> [...] in gate's dtype, or FP8 e4m3 with a scale.
-at::Tensor silu_and_mul_2in(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& scale,
+at::Tensor silu_and_mul_2in_cuda(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& scale,
                             std::optional<double> limit, double alpha, double beta) {
   constexpr const char* kOp = "silu_and_mul_2in";
   TORCH_CHECK_VALUE(gate.sizes() == up.sizes(), kOp, ": gate and up must have the same shape, got ", gate.sizes(),
@@ -103,7 +103,7 @@ at::Tensor silu_and_mul_2in(const at::Tensor& gate, const at::Tensor& up, const 
 }
 
 // x: [...]; scale: [1] or [] fp32 -> [...] FP8 e4m3.
-at::Tensor quantize_fp8(const at::Tensor& x, const at::Tensor& scale) {
+at::Tensor quantize_fp8_cuda(const at::Tensor& x, const at::Tensor& scale) {
   constexpr const char* kOp = "quantize_fp8";
   const Dtype in_dtype = input_dtype(kOp, "x", x);
   check_contiguous(kOp, "x", x);
@@ -120,8 +120,8 @@ at::Tensor quantize_fp8(const at::Tensor& x, const at::Tensor& scale) {
 }  // namespace cosmos3
 
 TORCH_LIBRARY_IMPL(cosmos3, CUDA, m) {
-  m.impl("silu_and_mul_2in", &cosmos3::silu_and_mul_2in);
-  m.impl("quantize_fp8", &cosmos3::quantize_fp8);
+  m.impl("silu_and_mul_2in", &cosmos3::silu_and_mul_2in_cuda);
+  m.impl("quantize_fp8", &cosmos3::quantize_fp8_cuda);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
