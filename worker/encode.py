@@ -6,6 +6,8 @@ guessed from the extension.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -33,6 +35,16 @@ def write_png(frames: np.ndarray, path: Path) -> None:
 def write_mp4(frames: np.ndarray, fps: float, path: Path) -> None:
     """Writes an H.264 MP4 through imageio-ffmpeg's bundled ffmpeg."""  # frames: [T, H, W, 3]
     _check(frames)
+    # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
+    # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
+    # and only this process copies the result to `path`.
+    with tempfile.TemporaryDirectory(prefix="farm-encode-") as scratch:
+        local = Path(scratch) / "video.mp4"
+        _encode_h264(frames, fps, local)
+        shutil.copyfile(local, path)
+
+
+def _encode_h264(frames: np.ndarray, fps: float, path: Path) -> None:
     _, height, width, _ = frames.shape
     # Sizes are multiples of 16 (manifest rule), so ffmpeg never rescales to its macro-block size.
     writer = imageio_ffmpeg.write_frames(
