@@ -192,7 +192,7 @@ def load_cuda_ops() -> ModuleType:
         if _cuda_ext is None:
             if not torch.cuda.is_available():
                 raise RuntimeError("cosmos3 CUDA ops: no CUDA device is visible (torch.cuda.is_available() is False)")
-            sms = sorted({_sm_version(i) for i in range(torch.cuda.device_count())})
+            sms = sorted({sm_version(i) for i in range(torch.cuda.device_count())})
             ext = _build_extension(sms)
             for sm in sms:
                 set_launch_params(ext, sm, launch_table.launch_params(sm))
@@ -207,7 +207,7 @@ def set_launch_params(ext: ModuleType, sm: int, row: dict[str, launch_table.Laun
         ext.set_launch_params(sm, op, params.threads, params.vectors_per_thread)
 
 
-def _sm_version(device: int) -> int:
+def sm_version(device: int) -> int:
     major, minor = torch.cuda.get_device_capability(device)
     return 10 * major + minor
 

@@ -38,7 +38,7 @@ __device__ __forceinline__ float exp2_fixed(float t) {
   p = __fadd_rn(__fmul_rn(p, f), kExp2C1);
   p = __fadd_rn(__fmul_rn(p, f), 1.f);
   // round(t) << 23 is the exponent increment: the magic's own bits shift out past bit 31.
-  return __int_as_float(__float_as_int(p) + (__float_as_int(rounded) << 23));
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(rounded) << 23));
 }
 
 // NaN-propagating min/max (PTX min.NaN, sm_80+), like torch.clamp; fminf would replace a NaN by the bound.

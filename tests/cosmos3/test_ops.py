@@ -297,6 +297,8 @@ GPU_SHAPES = [
     pytest.param((1760, 12288), id="1760x12288"),
     pytest.param((88320, 12288), id="88320x12288"),
 ]
+LAUNCH_CONFIGS = [launch_table.LaunchParams(t, v) for t in (32, 64, 128, 256, 512, 1024) for v in (1, 2, 4)
+                  if t * v <= 1024]
 GPU_VARIANTS = [  # input dtype, FP8 output
     pytest.param(torch.bfloat16, False, id="bf16"),
     pytest.param(torch.float16, False, id="fp16"),
@@ -327,6 +329,24 @@ def test_gpu_matches_cpu_impl_bit_for_bit(shape, dtype, fp8_out):
     scale = _scale(0.02, "cuda") if fp8_out else None
     out = ops.silu_and_mul_2in(gate, up, scale=scale).cpu()
     assert_same_bits(out, _cpu_reference(gate, up, scale))
+
+
+@gpu_test
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_gpu_every_launch_config_gives_the_same_bits(dtype):
+    ext = ops.load_cuda_ops()
+    sm = ops.sm_version(torch.cuda.current_device())
+    gate, up = _random_gate_up((1001, 1031), dtype)  # several blocks, a partial last block and a 7-element tail
+    scale = _scale(0.02, "cuda")
+    swiglu = _cpu_reference(gate, up, scale)
+    quantized = ops.quantize_fp8(gate.cpu(), scale.cpu())
+    try:
+        for params in LAUNCH_CONFIGS:
+            ops.set_launch_params(ext, sm, dict.fromkeys(launch_table.OPS, params))
+            assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale).cpu(), swiglu)
+            assert_same_bits(ops.quantize_fp8(gate, scale).cpu(), quantized)
+    finally:
+        ops.set_launch_params(ext, sm, launch_table.launch_params(sm))
 
 
 @gpu_test
