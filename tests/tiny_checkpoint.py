@@ -21,10 +21,18 @@ transformer: constructor arguments when ``Cosmos3OmniTransformer`` takes them, e
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 
 import torch
+
+from cosmos3.toy.layout import (
+    PROMPT_WORDS,
+    UNIPC_SCHEDULER,
+    save_transformer,
+    write_json,
+    write_pipeline_files,
+    write_tokenizer,
+)
 
 Z_DIM = 8  # latent channels: VAE z_dim == transformer latent_channel (48 in the published VAE)
 VOCAB_SIZE = 128  # >= the tiny tokenizer's size, like the published 151936 >= Qwen's tokens
@@ -46,23 +54,6 @@ TINY_TRANSFORMER = {
     "action_gen": False,
 }
 
-# Keys the published transformer/config.json carries that diffusers' constructor does not take
-# (reference §2.1); written so loaders meet the real file's shape.
-PUBLISHED_ONLY_KEYS = {
-    "model_type": "qwen3_vl_text",
-    "dtype": "bfloat16",
-    "max_position_embeddings": 262144,
-    "position_embedding_type": "unified_3d_mrope",
-    "qk_norm": False,
-    "qk_norm_for_diffusion": True,
-    "joint_attn_implementation": "two_way",
-    "use_moe": True,
-    "video_temporal_causal": False,
-    "freeze_und": False,
-    "initializer_range": 0.02,
-    "use_cache": True,
-}
-
 TINY_VAE = {
     "base_dim": 8,
     "decoder_base_dim": 8,
@@ -80,26 +71,6 @@ TINY_VAE = {
     "scale_factor_temporal": 4,
 }
 
-# UniPC on flow sigmas with velocity prediction. The shipped config turns Karras spacing on; the
-# published docs (and this pipeline) override it with use_karras_sigmas=False and a task flow_shift.
-UNIPC_SCHEDULER = {
-    "_class_name": "UniPCMultistepScheduler",
-    "_diffusers_version": "0.37.1",
-    "num_train_timesteps": 1000,
-    "prediction_type": "flow_prediction",
-    "use_flow_sigmas": True,
-    "flow_shift": 1.0,
-    "use_karras_sigmas": True,
-    "sigma_min": 0.01,
-    "sigma_max": 200.0,
-    "predict_x0": True,
-    "solver_order": 2,
-    "solver_type": "bh2",
-    "lower_order_final": True,
-    "final_sigmas_type": "zero",
-    "timestep_spacing": "linspace",
-}
-
 # The distilled 4-step recipe: stochastic FlowMatch-Euler on a fixed sigma list (t_list as the
 # cosmos-framework DMD2 default).
 DISTILLED_SCHEDULER = {
@@ -115,26 +86,10 @@ DISTILLED_SCHEDULER = {
     },
 }
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
-# Every word of the system prompts and metadata sentences, the chat roles, digits, and a few prompt words.
-WORDS = (
-    "you are a helpful assistant who will generate videos images from give prompt "
-    "the video is not seconds long and of fps this image resolution x . "
-    "system user "
-    "0 1 2 3 4 5 6 7 8 9 "
+# The prompt words, then a few words the tests' prompts use.
+WORDS = PROMPT_WORDS + (
     "red blue green cat dog robot car city street night day walks runs drives through in on at with"
 ).split()
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _write_transformer(path: Path, seed: int, overrides: dict) -> None:
@@ -144,15 +99,9 @@ def _write_transformer(path: Path, seed: int, overrides: dict) -> None:
     config = {**TINY_TRANSFORMER, **{k: v for k, v in overrides.items() if k in accepted}}
     torch.manual_seed(seed)
     model = Cosmos3OmniTransformer(**config)
-    for name, param in model.named_parameters():
-        # bf16 like the published weights; time_embedder stays fp32 as diffusers keeps it.
-        if not name.startswith("time_embedder."):
-            param.data = param.data.to(torch.bfloat16)
     # Small shards so the index file exists, as in every published (multi-GB) checkpoint.
-    model.save_pretrained(str(path), safe_serialization=True, max_shard_size="64KB")
-    saved = json.loads((path / "config.json").read_text())
     extra = {k: v for k, v in overrides.items() if k not in accepted}
-    _write_json(path / "config.json", {**PUBLISHED_ONLY_KEYS, **saved, **extra})
+    save_transformer(model, path, extra_config=extra, max_shard_size="64KB")
 
 
 def _write_vae(path: Path, seed: int, overrides: dict) -> None:
@@ -165,35 +114,6 @@ def _write_vae(path: Path, seed: int, overrides: dict) -> None:
     config.setdefault("latents_std", [round(v, 4) for v in (0.5 + torch.rand(z_dim, generator=stats)).tolist()])
     torch.manual_seed(seed)
     AutoencoderKLWan(**config).save_pretrained(str(path), safe_serialization=True)
-
-
-def _write_tokenizer(path: Path) -> None:
-    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-
-    vocab = {"[UNK]": 0}
-    for word in WORDS:
-        vocab.setdefault(word, len(vocab))
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.Lowercase()
-    # Words and punctuation, then single digits, so "720x1280" and "7.9" map to known tokens.
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
-    )
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    assert tokenizer.get_vocab_size() <= VOCAB_SIZE, tokenizer.get_vocab_size()
-    path.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(path / "tokenizer.json"))
-    _write_json(
-        path / "tokenizer_config.json",
-        {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "eos_token": "<|im_end|>",
-            "pad_token": "<|endoftext|>",
-            "unk_token": "[UNK]",
-            "chat_template": CHAT_TEMPLATE,
-            "model_max_length": 4096,
-        },
-    )
 
 
 def _scheduler_config(override: dict | None) -> dict:
@@ -211,17 +131,6 @@ def make_tiny_checkpoint(root: Path, *, seed: int = 0, **overrides) -> Path:
     vae_overrides = overrides.pop("vae", {})
     _write_transformer(root / "transformer", seed, overrides)
     _write_vae(root / "vae", seed, vae_overrides)
-    _write_tokenizer(root / "text_tokenizer")
-    _write_json(root / "scheduler" / "scheduler_config.json", scheduler)
-    _write_json(
-        root / "model_index.json",
-        {
-            "_class_name": "Cosmos3OmniPipeline",
-            "_diffusers_version": "0.37.1",
-            "scheduler": ["diffusers", scheduler["_class_name"]],
-            "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-            "transformer": ["diffusers", "Cosmos3OmniTransformer"],
-            "vae": ["diffusers", "AutoencoderKLWan"],
-        },
-    )
+    write_tokenizer(root / "text_tokenizer", WORDS, vocab_size=VOCAB_SIZE)
+    write_pipeline_files(root, scheduler)
     return root
