@@ -6,6 +6,7 @@ no GPUs gets CPU workers instead, for the demo.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +33,14 @@ class WorkerPlan:
 
 
 def connect(address: str | None) -> Connection:
-    """Joins the cluster at `address`, or starts an embedded one with the dashboard on 127.0.0.1.
+    """Joins the cluster at `address` (or $RAY_ADDRESS, which `ray job submit` sets), else starts an embedded
+    one with the dashboard on 127.0.0.1. A process that is already connected (tests, a notebook) keeps it.
 
-    A process that is already connected (tests, a notebook) keeps its connection.
     # Raises: ClusterError when no cluster answers at `address`.
     """
     if ray.is_initialized():
         return Connection(owned=False, dashboard_url=None)
+    address = address or os.environ.get("RAY_ADDRESS")
     try:
         if address:
             context = ray.init(address=address)

@@ -1,0 +1,94 @@
+"""A manifest rendered end to end by the real Cosmos3 pipeline on tiny checkpoints (CPU), through the farm.
+
+Two checkpoints: the tiny BF16 one (tests/tiny_checkpoint.py) and its static-FP8 export with the published
+step policy, the path a Nano FP8 checkpoint takes. Workers hold logical GPUs and render on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import imageio.v3 as iio
+import imageio_ffmpeg
+import numpy as np
+import pytest
+import torch
+
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8
+from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
+from farm import driver, manifest, storage
+from tests.farm.helpers import local_cluster, output_files, write_manifest
+from tests.tiny_checkpoint import make_tiny_checkpoint
+from worker import encode
+
+PROMPT = "a red robot walks through a city at night"
+JOBS = [
+    {"id": "clip", "prompt": PROMPT, "size": [48, 32], "frames": 9},
+    {"id": "still", "task": "t2i", "prompt": "a blue car on a street", "size": [32, 32]},
+    {"id": "extend", "task": "i2v", "prompt": PROMPT, "image": "inputs/frame.png"},
+    {"id": "restyle", "task": "v2v", "prompt": PROMPT, "video": "inputs/clip.mp4", "frames": 13},
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(num_gpus=2, num_cpus=4):
+        yield
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    bf16 = make_tiny_checkpoint(tmp_path_factory.mktemp("bf16") / "ckpt")
+
+    def calibrate(model) -> None:  # a few real forward passes over the noise range
+        g = torch.Generator().manual_seed(1)
+        for t in (999.0, 500.0, 50.0):
+            model.velocity(torch.tensor([4, 8, 15, 16, 23]), torch.randn(8, 3, 2, 3, generator=g), t, fps=24.0)
+
+    fp8 = export_static_fp8(bf16, tmp_path_factory.mktemp("fp8") / "ckpt", calibrate, step_policy=PUBLISHED_STEP_POLICY)
+    return {"bf16": bf16, "fp8-static": fp8}
+
+
+def _inputs(folder: Path) -> None:
+    (folder / "inputs").mkdir(parents=True)
+    pixels = np.random.default_rng(0).integers(0, 256, size=(7, 32, 32, 3), dtype=np.uint8)
+    iio.imwrite(folder / "inputs" / "frame.png", pixels[0])
+    encode.write_mp4(pixels, 24.0, folder / "inputs" / "clip.mp4")
+
+
+def _mp4_shape(path: Path) -> tuple[int, int, int]:
+    reader = imageio_ffmpeg.read_frames(str(path))
+    width, height = next(reader)["size"]
+    return sum(1 for _ in reader), height, width
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-static"])
+def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoints, tmp_path, precision):
+    _inputs(tmp_path)
+    path = write_manifest(tmp_path, JOBS, model={"checkpoint": str(checkpoints[precision])},
+                          defaults={"size": [32, 32], "steps": 3, "frames": 9, "retries": 0})
+    m = manifest.load(path)
+    report = driver.submit(m, driver.SubmitOptions(progress=False))
+
+    assert report.ok, report.outcomes
+    assert m.model.static_fp8 is (precision == "fp8-static")
+    assert len(output_files(tmp_path / "out")) == 2 * len(JOBS)
+    for job in m.jobs:
+        record = json.loads(storage.sidecar_path(job.media).read_text())
+        assert record["precision"] == precision and record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
+        assert (record["step_policy"] is not None) is (precision == "fp8-static")
+        assert len(record["timings"]["steps"]) == job.steps
+        if job.task != "t2i":
+            assert _mp4_shape(Path(job.media)) == (job.frames, job.height, job.width)
+
+
+def test_a_png_render_matches_the_pipeline_called_directly(cluster, checkpoints, tmp_path):
+    _inputs(tmp_path)
+    path = write_manifest(tmp_path, JOBS[1:2], model={"checkpoint": str(checkpoints["bf16"])},
+                          defaults={"steps": 3})
+    job = manifest.load(path).jobs[0]
+    assert driver.submit(manifest.load(path), driver.SubmitOptions(progress=False)).ok
+
+    direct = Cosmos3Pipeline.from_pretrained(checkpoints["bf16"], device="cpu")(RenderRequest(**job.request()))
+    assert np.array_equal(iio.imread(job.media), direct.frames[0])
