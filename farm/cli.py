@@ -10,7 +10,6 @@ import argparse
 import functools
 import importlib
 import json
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,17 +132,7 @@ def _run(m: manifests.Manifest, args: argparse.Namespace, only: frozenset[str] |
         force=args.force, only=only, factory=args.pipeline, init_failure_budget=args.init_failures,
         start_timeout=args.start_timeout, progress=not args.no_progress,
     )
-    # `ray job stop` and schedulers send SIGTERM: end as cleanly as Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        report = driver.submit(m, options)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return _report_result(report)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
+    return _report_result(driver.submit(m, options))
 
 
 def _report_result(report: driver.RunReport) -> Result:

@@ -7,8 +7,10 @@ and `farm retry`), `events.jsonl` (every run's events) and `runs/<run id>.json` 
 from __future__ import annotations
 
 import secrets
+import signal
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import structlog
 
@@ -78,6 +80,9 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
         storage.discard_temps(job)  # left by a run that crashed mid-write
     _write_state(report, "running")
     connection = cluster.connect(options.address)
+    # `ray job stop` and batch schedulers send SIGTERM: end as cleanly as Ctrl-C does. Installed after
+    # connecting, because ray.init installs its own SIGTERM handler, which aborts the process.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     report.dashboard_url = connection.dashboard_url
     if connection.dashboard_url:
         structlog.get_logger("farm").info("dashboard", url=connection.dashboard_url)
@@ -97,6 +102,11 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
     finally:
         log.close()
         cluster.disconnect(connection)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _counts(report: RunReport) -> dict[str, int]:

@@ -50,12 +50,14 @@ def test_farm_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-def test_a_second_submit_after_ctrl_c_renders_only_what_was_missing(address, tmp_path):
+# Ctrl-C, and `ray job stop` (SIGTERM, which Ray's own handler would turn into an abort).
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(address, tmp_path, signum):
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
     root = tmp_path / "out"
     run = _farm("submit", str(path), "--address", address)
     _wait_for(lambda: len(_sidecars(root)) >= 2)
-    run.send_signal(signal.SIGINT)
+    run.send_signal(signum)
     _, err = run.communicate(timeout=120)
 
     assert run.returncode == cli.EXIT_INTERRUPTED, err
