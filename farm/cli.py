@@ -159,7 +159,8 @@ def _report_result(report: driver.RunReport) -> Result:
 def do_status(args: argparse.Namespace) -> Result:
     states = storage.read_states(args.output_root)
     if not states:
-        raise StateError(f"no farm records under {args.output_root} (expected {manifests.RECORDS_DIR}/<name>/state.json)")
+        expected = f"{manifests.RECORDS_DIR}/<name>/state.json"
+        raise StateError(f"no farm records under {args.output_root} (expected {expected})")
     rows = [_status_row(name, state) for name, state in states.items()]
     return Result(True, _table(rows), {"manifests": rows})
 

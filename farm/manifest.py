@@ -290,25 +290,33 @@ class _Resolver:
                 self.error(where, f"a job is a mapping with at least id and prompt, got {type(raw).__name__}")
                 continue
             self._keys(raw, where, {**dict.fromkeys(_JOB_FIELDS, False), "id": True, "seeds": False})
-            job_id = self._value(raw, (*where, "id"), fields.identifier)
-            if job_id in first_line:
-                self.error((*where, "id"), f"duplicate id {job_id!r} (first at line {first_line[job_id]})")
-                job_id = None  # checked below, but not made into a job
-            elif job_id is not None:
-                first_line[job_id] = self.doc.line((*where, "id"))
+            job_id = self._unique_id(raw, where, first_line)
             values = self._job_values(raw, where, defaults)
             sweep = self._seeds(raw, where)
             if values is None or job_id is None or None in (model, name, root, template):
                 continue
             for seed in sweep:
                 job = self._job(job_id, len(jobs), seed, values, model, name, root, template)
-                if job.media in owners:
-                    relative = Path(job.media).relative_to(root)
-                    self.error(where, f"writes {relative}, as job {owners[job.media]} does "
-                                      "(put {id} and {seed} in output.path)")
-                owners.setdefault(job.media, job.key)
+                self._claim_media(job, where, owners, root)
                 jobs.append(job)
         return jobs
+
+    def _unique_id(self, raw: dict, where: Path_, first_line: dict[str, int]) -> str | None:
+        """The job's id; None when it is invalid or taken (the job is still checked, not built)."""
+        job_id = self._value(raw, (*where, "id"), fields.identifier)
+        if job_id in first_line:
+            self.error((*where, "id"), f"duplicate id {job_id!r} (first at line {first_line[job_id]})")
+            return None
+        if job_id is not None:
+            first_line[job_id] = self.doc.line((*where, "id"))
+        return job_id
+
+    def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path) -> None:
+        if job.media in owners:
+            relative = Path(job.media).relative_to(root)
+            fix = "put {id} and {seed} in output.path"
+            self.error(where, f"writes {relative}, as job {owners[job.media]} does ({fix})")
+        owners.setdefault(job.media, job.key)
 
     def _job_values(self, raw: dict, where: Path_, defaults: dict) -> dict | None:
         """The job's resolved values, or None when any is wrong (every problem is still reported)."""

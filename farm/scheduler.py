@@ -123,6 +123,7 @@ class Scheduler:
             self.log.emit("run_interrupted", inflight=[a.job.key for a in self.inflight.values()])
         finally:
             self._stop_workers()
+            self.metrics.load(len(self.pending), 0)
         return self.outcomes
 
     # -- dispatch ------------------------------------------------------------------------------

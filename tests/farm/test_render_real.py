@@ -76,7 +76,8 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
     assert len(output_files(tmp_path / "out")) == 2 * len(JOBS)
     for job in m.jobs:
         record = json.loads(storage.sidecar_path(job.media).read_text())
-        assert record["precision"] == precision and record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
+        assert record["precision"] == precision
+        assert record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
         assert (record["step_policy"] is not None) is (precision == "fp8-static")
         assert len(record["timings"]["steps"]) == job.steps
         if job.task != "t2i":
