@@ -120,7 +120,8 @@ def build_models(layers: int, vocab: int, with_diffusers: bool):
 
     torch.manual_seed(0)
     cfg = nano_config(layers, vocab)
-    reference = Cosmos3OmniTransformer(**cfg).to("cuda", torch.bfloat16).eval()
+    with torch.device("cuda"):  # initialise on the GPU: a CPU init of billions of params takes minutes
+        reference = Cosmos3OmniTransformer(**cfg).to(torch.bfloat16).eval()
     reference.time_embedder.float()
     with torch.no_grad():
         for name, p in reference.named_parameters():
