@@ -69,7 +69,8 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
     path = write_manifest(tmp_path, JOBS, model={"checkpoint": str(checkpoints[precision])},
                           defaults={"size": [32, 32], "steps": 3, "frames": 9, "retries": 0})
     m = manifest.load(path)
-    report = driver.submit(m, driver.SubmitOptions(progress=False))
+    # One worker: each one imports torch and loads the model, which dominates on a 2-core CI machine.
+    report = driver.submit(m, driver.SubmitOptions(workers=1, progress=False))
 
     assert report.ok, report.outcomes
     assert m.model.static_fp8 is (precision == "fp8-static")
@@ -83,13 +84,7 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
         if job.task != "t2i":
             assert _mp4_shape(Path(job.media)) == (job.frames, job.height, job.width)
 
-
-def test_a_png_render_matches_the_pipeline_called_directly(cluster, checkpoints, tmp_path):
-    _inputs(tmp_path)
-    path = write_manifest(tmp_path, JOBS[1:2], model={"checkpoint": str(checkpoints["bf16"])},
-                          defaults={"steps": 3})
-    job = manifest.load(path).jobs[0]
-    assert driver.submit(manifest.load(path), driver.SubmitOptions(progress=False)).ok
-
-    direct = Cosmos3Pipeline.from_pretrained(checkpoints["bf16"], device="cpu")(RenderRequest(**job.request()))
-    assert np.array_equal(iio.imread(job.media), direct.frames[0])
+    # PNG is lossless: the farm's still is exactly what the pipeline renders when called directly.
+    still = next(job for job in m.jobs if job.task == "t2i")
+    direct = Cosmos3Pipeline.from_pretrained(checkpoints[precision], device="cpu")(RenderRequest(**still.request()))
+    assert np.array_equal(iio.imread(still.media), direct.frames[0])
