@@ -17,14 +17,17 @@ call falls through to a CompositeExplicitAutograd kernel registered here that lo
 the op again; a backend (CUDA) kernel takes precedence over CompositeExplicitAutograd, so afterwards every
 call goes straight to C++.
 
-Bit-exact CPU impls. The kernels evaluate a fixed sequence of correctly rounded fp32 operations (no FMA
-contraction, and a polynomial 2^x of our own instead of expf, whose last bit differs from the CPU's exp), and
-the CPU impls below run the same sequence with torch ops, so CPU and CUDA agree bit for bit on every input
-(NaN payloads aside). Relative to the exact sigmoid the polynomial is within a few fp32 ulps.
+Bit-exact CPU impls. The kernels evaluate a fixed sequence of correctly rounded fp32 operations (explicit
+fmaf, no compiler contraction, and a polynomial 2^x of our own instead of expf, whose last bit differs from
+the CPU's exp), and the CPU impls below run the same sequence with torch ops (fmaf exactly, through fp64), so
+CPU and CUDA agree bit for bit on every input (NaN payloads aside). The fp32 result is within a few ulps of
+the exact formula (plus |alpha * g| ulps from rounding the exponent's coefficient).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import threading
 from pathlib import Path
@@ -45,8 +48,7 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOG2E_F32 = float.fromhex("0x1.715476p+0")  # log2(e) rounded to fp32
 EXP2_COEFFS = tuple(float.fromhex(c) for c in ("0x1.62e42ap-1", "0x1.ebf9bcp-3", "0x1.c6b754p-5",
                                                "0x1.3cea8ap-7", "0x1.5bb9fep-10"))  # c1..c5
-ROUND_MAGIC = float.fromhex("0x1.8p23")  # t + 1.5 * 2^23 rounds t to an integer, ties to even
-EXP2_MIN, EXP2_MAX = -125.0, 127.0  # keep 2^round(t) * p a normal float
+EXP2_MIN, EXP2_MAX = -125.0, 127.0  # the exponent's range: keeps 2^round(t) * p a normal float
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
@@ -132,28 +134,69 @@ def _f32(x: float) -> float:
     return torch.tensor(x, dtype=torch.float32).item()
 
 
-def _exp2_fixed(t: torch.Tensor) -> torch.Tensor:
-    """2^t for fp32 ``t``, as csrc/silu_and_mul_2in.cu's exp2_fixed: 2^round(t) * p(t - round(t))."""
-    # fmax/fmin, like the kernel's fmaxf/fminf, turn a NaN into the bound (the result is NaN anyway).
-    t = torch.fmin(torch.fmax(t, t.new_tensor(EXP2_MIN)), t.new_tensor(EXP2_MAX))
-    rounded = t + ROUND_MAGIC
-    f = t - (rounded - ROUND_MAGIC)  # exact, in [-1/2, 1/2]
+def _fma_f32(a: torch.Tensor, b: torch.Tensor | float, c: float) -> torch.Tensor:
+    """fmaf(a, b, c) for fp32 ``a``, ``b``, ``c``, correctly rounded. The product is exact in fp64; the sum is
+    rounded to odd there (an inexact sum gets an odd last bit), which makes the final rounding to fp32 correct
+    (Boldo and Melquiond, "When double rounding is odd", 2005)."""
+    s = a.double() * b
+    t = s + c
+    v = t - s
+    err = (s - (t - v)) + (c - v)  # TwoSum: s + c == t + err exactly
+    even = (t.view(torch.int64) & 1) == 0
+    odd = torch.nextafter(t, torch.where(err > 0, math.inf, -math.inf).to(t))
+    return torch.where((err != 0) & even, odd, t).float()
+
+
+def _gate_bounds(coef: float) -> tuple[float, float]:
+    """The fp32 range of g for which EXP2_MIN <= g * coef <= EXP2_MAX (no bound for alpha == 0)."""
+    if coef == 0:
+        return -math.inf, math.inf
+    a, b = _f32(EXP2_MIN / coef), _f32(EXP2_MAX / coef)
+    return min(a, b), max(a, b)
+
+
+def _exp_neg_alpha_g(g: torch.Tensor, alpha: float) -> torch.Tensor:
+    """exp(-alpha * g) for fp32 ``g``, as the kernel's exp_neg_alpha_g: 2^n * p(f) with n = round(g * coef),
+    f = g * coef - n, coef = fp32(-alpha * log2(e))."""
+    coef = _f32(_f32(-alpha) * LOG2E_F32)
+    gate_min, gate_max = _gate_bounds(coef)
+    # fmax/fmin, like the kernel's fmaxf/fminf, turn a NaN into a bound (the result is NaN anyway).
+    g = torch.fmin(torch.fmax(g, g.new_tensor(gate_min)), g.new_tensor(gate_max))
+    x = g.double() * coef  # exact, as inside the kernel's fmaf(g, coef, ...)
+    n = x.round()  # ties to even, as fmaf(g, coef, 1.5 * 2^23)
+    f = (x - n).float()  # x - n is exact in fp64: one rounding, as fmaf(g, coef, -n)
     c1, c2, c3, c4, c5 = EXP2_COEFFS
-    p = f * c5 + c4
+    p = _fma_f32(f, c5, c4)
     for c in (c3, c2, c1, 1.0):
-        p.mul_(f).add_(c)  # two roundings, as the kernel's __fmul_rn then __fadd_rn
-    # round(t) sits in the low mantissa bits of `rounded`; shifted into the exponent field it scales p.
-    return (p.view(torch.int32) + (rounded.view(torch.int32) << 23)).view(torch.float32)
+        p = _fma_f32(p, f, c)
+    # n shifted into the exponent field scales p by 2^n.
+    return (p.view(torch.int32) + (n.to(torch.int32) << 23)).view(torch.float32)
 
 
-def _swiglu_f32(g: torch.Tensor, u: torch.Tensor, scale: torch.Tensor | None, limit: float | None,
+@functools.lru_cache(maxsize=16)
+def _exp_table(dtype: torch.dtype, alpha: float) -> torch.Tensor:
+    """exp(-alpha * g) for all 65536 values g of a 16-bit dtype, indexed by g's bits as int16 + 32768."""
+    every_value = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    return _exp_neg_alpha_g(every_value.float(), alpha)
+
+
+def _exp_of_gate(gate: torch.Tensor, alpha: float) -> torch.Tensor:
+    """exp(-alpha * gate) in fp32; a 16-bit gate reads it from _exp_table (the same bits, ~30x less work)."""
+    if gate.dtype == torch.float32:
+        return _exp_neg_alpha_g(gate, alpha)
+    return _exp_table(gate.dtype, alpha)[gate.view(torch.int16).int() + (1 << 15)]
+
+
+def _swiglu_f32(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None, limit: float | None,
                 alpha: float, beta: float) -> torch.Tensor:
-    """silu_and_mul_2in on fp32 tensors, before the output rounding; see SwigluOp in the kernel."""
+    """silu_and_mul_2in before the output rounding; see SwigluOp in the kernel."""
+    g, u = gate.float(), up.float()
+    e = _exp_of_gate(gate, alpha)
     if limit is not None:
         limit32 = _f32(limit)
+        e = torch.where(g > limit32, _exp_neg_alpha_g(g.new_tensor([limit32]), alpha), e)  # exp at g' = limit
         g = g.clamp(max=limit32)
         u = u.clamp(-limit32, limit32)
-    e = _exp2_fixed(g * _f32(_f32(-alpha) * LOG2E_F32))  # exp(-alpha * g)
     num = g * (u + _f32(beta))
     den = e + 1.0
     if scale is not None:
@@ -169,7 +212,7 @@ def _to_fp8(y: torch.Tensor) -> torch.Tensor:
 
 def _silu_and_mul_2in_cpu(gate, up, scale=None, limit=None, alpha=1.0, beta=0.0):
     _check_swiglu_args(gate, up, scale, limit)
-    y = _swiglu_f32(gate.float(), up.float(), scale, limit, alpha, beta)
+    y = _swiglu_f32(gate, up, scale, limit, alpha, beta)
     return _to_fp8(y) if scale is not None else y.to(gate.dtype)
 
 

@@ -20,13 +20,18 @@ struct LaunchConfig {
   int vectors_per_thread;
 };
 
-// silu_and_mul_2in's scalars, rounded to fp32 exactly as cosmos3/ops.py rounds them.
+// silu_and_mul_2in's scalars in fp32, made by swiglu_scalars.
 struct SwigluScalars {
   float exp2_coef;  // -alpha * log2(e): sigmoid(alpha * g) = 1 / (1 + 2^(g * exp2_coef))
+  float gate_min;   // the gate range over which 2^(g * exp2_coef) is computed; outside, g is clamped to it
+  float gate_max;
   float beta;
   float limit;  // read only when has_limit
   bool has_limit;
 };
+
+// Rounds alpha, beta and *limit (nullptr: no limit) to fp32 exactly as cosmos3/ops.py does.
+SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit);
 
 // out = g' * sigmoid(alpha * g') * (u' + beta), with g' = min(g, limit), u' = clamp(u, -limit, limit) when
 // has_limit. With scale != nullptr the result is divided by *scale and stored as saturated FP8 e4m3;

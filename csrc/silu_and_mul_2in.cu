@@ -3,18 +3,23 @@
 // FP8 e4m3 straight for down_proj.
 //
 // Bit-exact CPU reference: every fp32 operation below is a single correctly rounded IEEE operation (the _rn
-// intrinsics also stop nvcc from contracting a multiply and an add into an FMA), and the exponential is our
-// own polynomial rather than expf, whose last bit differs from the CPU's exp for some inputs. So
-// cosmos3/ops.py evaluates the same sequence with torch ops and gets the same bits, for every input.
+// intrinsics also keep nvcc from contracting or reordering them), and the exponential is our own polynomial
+// rather than expf, whose last bit differs from the CPU's exp for some inputs. cosmos3/ops.py evaluates the same
+// sequence with torch ops (each fmaf exactly, through fp64) and gets the same bits for every input.
+#include <algorithm>
+#include <cmath>
+
 #include "cosmos3_ops.h"
 #include "vec_fp8.cuh"
 
 namespace cosmos3 {
 namespace {
 
+// log2(e) rounded to fp32; exp(-alpha * g) = 2^(g * exp2_coef) with exp2_coef = fp32(-alpha) * kLog2e.
+constexpr float kLog2e = 0x1.715476p+0f;
 // 2^f ~= 1 + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * c5)))) on f in [-1/2, 1/2]: a least-squares fit of
-// the relative error, rounded to fp32; at most 2.3 ulp from 2^f when evaluated as below. cosmos3/ops.py holds
-// the same constants (tests/cosmos3/test_ops.py checks that they agree).
+// the relative error, rounded to fp32; at most 2.1 ulp from 2^f when evaluated with fmaf as below.
+// cosmos3/ops.py holds the same constants (tests/cosmos3/test_ops.py checks that they agree).
 constexpr float kExp2C1 = 0x1.62e42ap-1f;
 constexpr float kExp2C2 = 0x1.ebf9bcp-3f;
 constexpr float kExp2C3 = 0x1.c6b754p-5f;
@@ -23,21 +28,23 @@ constexpr float kExp2C5 = 0x1.5bb9fep-10f;
 // 1.5 * 2^23: adding it rounds a float of magnitude < 2^22 to an integer (ties to even) and leaves that
 // integer in the low mantissa bits.
 constexpr float kRoundMagic = 0x1.8p23f;
-// The clamp keeps 2^round(t) * p a normal float, so adding round(t) to p's exponent field is exact. Past
-// these bounds sigmoid is already 1 (t <= -125) or below 1e-38 (t >= 127).
-constexpr float kExp2Min = -125.f;
-constexpr float kExp2Max = 127.f;
+// The exponent t = g * exp2_coef is kept in [kExp2Min, kExp2Max] (by clamping g), so that 2^round(t) * p stays
+// a normal float and adding round(t) to p's exponent field is exact. Past these bounds sigmoid is already 1
+// (t <= -125) or below 1e-38 (t >= 127).
+constexpr double kExp2Min = -125.0;
+constexpr double kExp2Max = 127.0;
 
-__device__ __forceinline__ float exp2_fixed(float t) {
-  t = fminf(fmaxf(t, kExp2Min), kExp2Max);
-  const float rounded = __fadd_rn(t, kRoundMagic);
-  const float f = __fsub_rn(t, __fsub_rn(rounded, kRoundMagic));  // t - round(t), exact
-  float p = __fadd_rn(__fmul_rn(kExp2C5, f), kExp2C4);
-  p = __fadd_rn(__fmul_rn(p, f), kExp2C3);
-  p = __fadd_rn(__fmul_rn(p, f), kExp2C2);
-  p = __fadd_rn(__fmul_rn(p, f), kExp2C1);
-  p = __fadd_rn(__fmul_rn(p, f), 1.f);
-  // round(t) << 23 is the exponent increment: the magic's own bits shift out past bit 31.
+// exp(-alpha * g) = 2^(g * exp2_coef) as 2^n * p(f), n = round(g * exp2_coef), f = g * exp2_coef - n.
+__device__ __forceinline__ float exp_neg_alpha_g(float g, const SwigluScalars& s) {
+  g = fminf(fmaxf(g, s.gate_min), s.gate_max);
+  const float rounded = __fmaf_rn(g, s.exp2_coef, kRoundMagic);                      // kRoundMagic + n
+  const float f = __fmaf_rn(g, s.exp2_coef, -__fsub_rn(rounded, kRoundMagic));      // exact product, one rounding
+  float p = __fmaf_rn(kExp2C5, f, kExp2C4);
+  p = __fmaf_rn(p, f, kExp2C3);
+  p = __fmaf_rn(p, f, kExp2C2);
+  p = __fmaf_rn(p, f, kExp2C1);
+  p = __fmaf_rn(p, f, 1.f);
+  // n << 23 is the exponent increment: the magic's own bits shift out past bit 31.
   return __uint_as_float(__float_as_uint(p) + (__float_as_uint(rounded) << 23));
 }
 
@@ -66,7 +73,7 @@ struct SwigluOp {
       g = min_nan(g, s.limit);
       u = min_nan(max_nan(u, -s.limit), s.limit);
     }
-    const float e = exp2_fixed(__fmul_rn(g, s.exp2_coef));  // exp(-alpha * g)
+    const float e = exp_neg_alpha_g(g, s);
     const float num = __fmul_rn(g, __fadd_rn(u, s.beta));
     float den = __fadd_rn(e, 1.f);
     if constexpr (kScaled) den = __fmul_rn(den, scale);
@@ -83,6 +90,16 @@ cudaError_t launch_for_limit(const In* gate, const In* up, Out* out, const float
 }
 
 }  // namespace
+
+SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit) {
+  const float coef = -static_cast<float>(alpha) * kLog2e;
+  // Bounds on g for kExp2Min <= g * coef <= kExp2Max, divided in fp64 and rounded once (as ops.py); no
+  // bounds for alpha == 0.
+  const float a = coef == 0.f ? -INFINITY : static_cast<float>(kExp2Min / coef);
+  const float b = coef == 0.f ? INFINITY : static_cast<float>(kExp2Max / coef);
+  return SwigluScalars{coef, std::min(a, b), std::max(a, b), static_cast<float>(beta),
+                       limit != nullptr ? static_cast<float>(*limit) : 0.f, limit != nullptr};
+}
 
 cudaError_t silu_and_mul_2in(const void* gate, const void* up, void* out, const float* scale, int64_t n,
                              Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars, LaunchConfig config,

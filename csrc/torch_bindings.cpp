@@ -18,9 +18,6 @@
 namespace cosmos3 {
 namespace {
 
-// The fp32 of log2(e), as cosmos3/ops.py's LOG2E_F32.
-constexpr float kLog2e = 0x1.715476p+0f;
-
 enum OpIndex { kSiluAndMul2in, kQuantizeFp8, kNumOps };
 constexpr int kMaxSm = 256;
 
@@ -93,8 +90,7 @@ at::Tensor silu_and_mul_2in_cuda(const at::Tensor& gate, const at::Tensor& up, c
 
   const c10::cuda::OptionalCUDAGuard guard(gate.device());
   at::Tensor out = at::empty(gate.sizes(), gate.options().dtype(scale ? at::kFloat8_e4m3fn : gate.scalar_type()));
-  const SwigluScalars scalars{-static_cast<float>(alpha) * kLog2e, static_cast<float>(beta),
-                              limit ? static_cast<float>(*limit) : 0.f, limit.has_value()};
+  const SwigluScalars scalars = swiglu_scalars(alpha, beta, limit ? &*limit : nullptr);
   check_launch(kOp, cosmos3::silu_and_mul_2in(gate.data_ptr(), up.data_ptr(), out.data_ptr(),
                                               scale ? scale->data_ptr<float>() : nullptr, gate.numel(), in_dtype,
                                               scale ? Dtype::kFloat8E4M3 : in_dtype, scalars,

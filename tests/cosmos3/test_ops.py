@@ -8,6 +8,7 @@ CUDA kernels against the CPU impl bit for bit, torch.compile, CUDA-graph replay,
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -109,23 +110,37 @@ def _specials(dtype: torch.dtype) -> torch.Tensor:
 
 # --- an independent numpy formula of the documented arithmetic ---
 
+def _np_fma(a, b, c) -> np.ndarray:
+    """Correctly rounded fp32 fma, another way than ops._fma_f32: in fp64 the product is exact and the sum t
+    rounds once; rounding t to fp32 is then right unless t lies exactly halfway between two fp32 values while
+    the sum was inexact, and then the sign of the sum's error decides."""
+    a, b, c = (np.asarray(v, np.float64) for v in (a, b, c))
+    s = a * b
+    t = s + c
+    v = t - s
+    err = (s - (t - v)) + (c - v)
+    halfway = (t.view(np.int64) & ((1 << 29) - 1)) == (1 << 28)  # the 29 bits below fp32 precision: 100...0
+    t = np.where(halfway & (err != 0), np.nextafter(t, np.where(err > 0, np.inf, -np.inf)), t)
+    return t.astype(np.float32)
+
+
 def _np_swiglu(g: np.ndarray, u: np.ndarray, scale: float | None, limit: float | None, alpha: float,
                beta: float) -> np.ndarray:
-    """float32 numpy, every step one rounded fp32 op; round-to-integer by rint and scaling by ldexp, where the
-    kernel uses a magic-number add and an exponent-field add."""
+    """float32 numpy, one rounding per operation; scaling by ldexp where the kernel adds to the exponent field."""
     f32 = np.float32
     with np.errstate(all="ignore"):
         if limit is not None:
             g = np.where(g > f32(limit), f32(limit), g)
             u = np.where(u < -f32(limit), -f32(limit), np.where(u > f32(limit), f32(limit), u))
-        t = np.fmin(np.fmax(g * (f32(-alpha) * f32(np.log2(np.e))), f32(-125)), f32(127))
-        n = np.rint(t)
-        f = t - n
-        p = f * f32(ops.EXP2_COEFFS[4]) + f32(ops.EXP2_COEFFS[3])
+        coef = f32(f32(-alpha) * f32(np.log2(np.e)))
+        bounds = sorted((f32(-125.0 / float(coef)), f32(127.0 / float(coef)))) if coef else (-np.inf, np.inf)
+        x = np.fmin(np.fmax(g, f32(bounds[0])), f32(bounds[1])).astype(np.float64) * float(coef)
+        n = np.rint(x)
+        f = (x - n).astype(np.float32)
+        p = _np_fma(ops.EXP2_COEFFS[4], f, ops.EXP2_COEFFS[3])
         for c in (*ops.EXP2_COEFFS[2::-1], 1.0):
-            p = p * f + f32(c)
-        e = np.ldexp(p, n.astype(np.int32))
-        den = e + f32(1)
+            p = _np_fma(p, f, c)
+        den = np.ldexp(p, n.astype(np.int32)) + f32(1)
         if scale is not None:
             den = den * f32(scale)
         return (g * (u + f32(beta))) / den
@@ -201,13 +216,40 @@ def test_cpu_impl_equals_independent_formula_bit_for_bit(dtype, kwargs, fp8_out)
     assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale, **kwargs), _np_reference(gate, up, scale, **kwargs))
 
 
-def test_fp32_constants_are_log2e_and_agree_with_the_kernel():
+def test_constants_agree_with_the_kernel():
     assert ops.LOG2E_F32 == float(np.float32(np.log2(np.e)))
     source = (CSRC / "silu_and_mul_2in.cu").read_text()
-    kernel = [float.fromhex(h) for h in re.findall(r"constexpr float kExp2C\d = (0x[0-9a-fp.+-]+)f;", source)]
-    assert kernel == list(ops.EXP2_COEFFS)
-    bindings = (CSRC / "torch_bindings.cpp").read_text()
-    assert float.fromhex(re.search(r"constexpr float kLog2e = (0x[0-9a-fp.+-]+)f;", bindings).group(1)) == ops.LOG2E_F32
+    hex_float = r"(0x[0-9a-fp.+-]+)f;"
+    assert [float.fromhex(h) for h in re.findall(r"constexpr float kExp2C\d = " + hex_float, source)] == list(
+        ops.EXP2_COEFFS)
+    assert float.fromhex(re.search(r"constexpr float kLog2e = " + hex_float, source).group(1)) == ops.LOG2E_F32
+    bounds = [float(b) for b in re.findall(r"constexpr double kExp2M(?:in|ax) = ([-0-9.]+);", source)]
+    assert bounds == [ops.EXP2_MIN, ops.EXP2_MAX]
+
+
+def _exact_fma_f32(a: float, b: float, c: float) -> float:
+    """fp32 nearest (ties to even) to a * b + c, in exact rational arithmetic."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    near = np.float32(float(exact))
+    candidates = [np.nextafter(near, np.float32(-np.inf)), near, np.nextafter(near, np.float32(np.inf))]
+    return float(min(candidates, key=lambda x: (abs(Fraction(float(x)) - exact), int(x.view(np.int32)) & 1)))
+
+
+def test_fma_emulations_are_correctly_rounded():
+    gen = np.random.default_rng(3)
+    a = (gen.standard_normal(4000) * 10.0 ** gen.integers(-3, 3, 4000)).astype(np.float32)
+    b = gen.uniform(-0.5, 0.5, 4000).astype(np.float32)
+    c = np.float32(gen.standard_normal(4000))
+    # 1 + 2^-24 is halfway between fp32 1 and 1 + 2^-23; a * b exceeds 2^-24 by ~2^-58, below fp64's resolution
+    # at 1, so rounding a * b + 1 through fp64 lands on the halfway point and then wrongly on 1.
+    a, b, c = (np.append(v, w).astype(np.float32) for v, w in
+               ((a, 1 + 2896 * 2.0 ** -23), (b, 2.0 ** -24 * (1 - 2895 * 2.0 ** -23)), (c, 1.0)))
+    assert np.float32(a[-1].astype(np.float64) * b[-1] + 1.0) == 1.0
+    exact = np.array([_exact_fma_f32(*map(float, abc)) for abc in zip(a, b, c)], np.float32)
+    assert exact[-1] == np.float32(1 + 2.0 ** -23)
+    np.testing.assert_array_equal(_np_fma(a, b, c), exact)
+    ours = np.array([ops._fma_f32(torch.tensor([x]), float(y), float(z)).item() for x, y, z in zip(a, b, c)])
+    np.testing.assert_array_equal(ours.astype(np.float32), exact)
 
 
 @pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
@@ -380,26 +422,6 @@ def test_gpu_input_off_a_16_byte_boundary_takes_the_scalar_path():
 
 
 @gpu_test
-@pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
-def test_gpu_silu_and_mul_2in_names_the_broken_rule(make, message):
-    with pytest.raises(ValueError, match=message):
-        ops.silu_and_mul_2in(**make("cuda"))
-
-
-@gpu_test
-@pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
-def test_gpu_quantize_fp8_names_the_broken_rule(make, message):
-    with pytest.raises(ValueError, match=message):
-        ops.quantize_fp8(**make("cuda"))
-
-
-@gpu_test
-def test_gpu_scale_on_another_device_is_rejected():
-    with pytest.raises(ValueError, match="scale must be on the input's device"):
-        ops.silu_and_mul_2in(_bf16(4, 8, device="cuda"), _bf16(4, 8, device="cuda"), scale=_scale())
-
-
-@gpu_test
 def test_gpu_compile_fullgraph_matches_eager():
     def fn(gate, up, scale):
         return (ops.silu_and_mul_2in(gate, up, scale=scale, limit=7.0, alpha=1.702, beta=1.0),
@@ -442,3 +464,23 @@ def test_gpu_opcheck_silu_and_mul_2in(kwargs, fp8_out):
 @gpu_test
 def test_gpu_opcheck_quantize_fp8():
     opcheck(torch.ops.cosmos3.quantize_fp8.default, (_bf16(7, 1000, device="cuda"), _scale(0.02, "cuda")))
+
+
+@gpu_test
+@pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
+def test_gpu_silu_and_mul_2in_names_the_broken_rule(make, message):
+    with pytest.raises(ValueError, match=message):
+        ops.silu_and_mul_2in(**make("cuda"))
+
+
+@gpu_test
+@pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
+def test_gpu_quantize_fp8_names_the_broken_rule(make, message):
+    with pytest.raises(ValueError, match=message):
+        ops.quantize_fp8(**make("cuda"))
+
+
+@gpu_test
+def test_gpu_scale_on_another_device_is_rejected():
+    with pytest.raises(ValueError, match="scale must be on the input's device"):
+        ops.silu_and_mul_2in(_bf16(4, 8, device="cuda"), _bf16(4, 8, device="cuda"), scale=_scale())
