@@ -3,7 +3,7 @@
 Prints the machine, the device-to-device copy bandwidth measured in this run, then per shape and output:
 the op's median time, its effective bandwidth (bytes read + written / time), that as a percentage of the
 copy bandwidth, and how many times faster it is than torch.compile and than eager PyTorch of the same
-formula. Times are medians of CUDA-event-timed runs after warm-up.
+formula. Times are medians of CUDA-event-timed runs after warm-up (each at least 25 ms of GPU work).
 
     python benchmarks/bench_swiglu.py [--reps 30]
 """
@@ -11,6 +11,7 @@ formula. Times are medians of CUDA-event-timed runs after warm-up.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +32,19 @@ def machine_line() -> str:
             f"CUDA {torch.version.cuda}, torch {torch.__version__}")
 
 
-def median_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
+def median_ms(fn: Callable[[], object], reps: int, min_total_ms: float = 25.0) -> float:
+    """Median CUDA-event time of ``fn``. Warm-up and timed runs each last at least ``min_total_ms`` of GPU
+    time (a short kernel gets more runs), so clocks have settled and short kernels are not timed cold."""
+    fn()  # first call: build, compile, allocate
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    runs = max(reps, math.ceil(min_total_ms / max(start.elapsed_time(end), 1e-3)))
+    for _ in range(runs):
         fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(runs)]
     for start, end in events:
         start.record()
         fn()
@@ -99,7 +109,7 @@ def main() -> None:
         for case in cases(m, i):
             ours = median_ms(case.ours, args.reps)
             comp = median_ms(lambda: compiled[case.formula](*case.args), args.reps)
-            eager = median_ms(lambda: case.formula(*case.args), max(3, args.reps // 5))
+            eager = median_ms(lambda: case.formula(*case.args), 3)
             tbps = case.bytes_moved / ours / 1e9
             print(f"| {f'{m} x {i}':>13} | {case.name:<18} | {ours:8.3f} | {tbps:5.2f} | {100 * tbps / copy:5.1f}% | "
                   f"{comp:10.3f} | {comp / ours:8.2f}x | {eager:8.3f} | {eager / ours:6.1f}x |")

@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 
 #include <array>
+#include <string>
 
 #include "cosmos3_ops.h"
 
@@ -26,6 +27,16 @@ constexpr int kMaxSm = 256;
 // every call.
 std::array<std::array<LaunchConfig, kNumOps>, kMaxSm> launch_configs{};
 
+// Numbers in messages go through std::to_string, never an ostream: on the H200 image, formatting an integer
+// with this extension's ostream code crashed the process (segfault inside std::ostream::_M_insert<long> in
+// this .so, apparently its own copy of libstdc++'s stream code, whose locale facets do not match the
+// process's). Strings are unaffected.
+std::string list_str(c10::IntArrayRef values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i == 0 ? "" : ", ") + std::to_string(values[i]);
+  return out + "]";
+}
+
 OpIndex op_index(const std::string& op) {
   if (op == "silu_and_mul_2in") return kSiluAndMul2in;
   if (op == "quantize_fp8") return kQuantizeFp8;
@@ -33,7 +44,8 @@ OpIndex op_index(const std::string& op) {
 }
 
 void set_launch_params(int64_t sm, const std::string& op, int64_t threads, int64_t vectors_per_thread) {
-  TORCH_CHECK_VALUE(sm >= 0 && sm < kMaxSm, "set_launch_params: sm must be in [0, ", kMaxSm, "), got ", sm);
+  TORCH_CHECK_VALUE(sm >= 0 && sm < kMaxSm, "set_launch_params: sm must be in [0, ", std::to_string(kMaxSm),
+                    "), got ", std::to_string(sm));
   launch_configs[sm][op_index(op)] = LaunchConfig{int(threads), int(vectors_per_thread)};
 }
 
@@ -42,7 +54,7 @@ LaunchConfig launch_config(OpIndex op) {
   const int sm = prop->major * 10 + prop->minor;
   const LaunchConfig own = sm < kMaxSm ? launch_configs[sm][op] : LaunchConfig{};
   const LaunchConfig config = own.threads > 0 ? own : launch_configs[0][op];
-  TORCH_CHECK(config.threads > 0, "cosmos3: no launch parameters for sm_", sm,
+  TORCH_CHECK(config.threads > 0, "cosmos3: no launch parameters for sm_", std::to_string(sm),
               "; load the CUDA ops through cosmos3.ops.load_cuda_ops()");
   return config;
 }
@@ -52,20 +64,23 @@ Dtype input_dtype(const char* op, const char* name, const at::Tensor& t) {
     case at::kBFloat16: return Dtype::kBFloat16;
     case at::kHalf: return Dtype::kFloat16;
     case at::kFloat: return Dtype::kFloat32;
-    default: TORCH_CHECK_VALUE(false, op, ": ", name, " must be bfloat16, float16 or float32, got ", t.scalar_type());
+    default: TORCH_CHECK_VALUE(false, op, ": ", name, " must be bfloat16, float16 or float32, got ",
+                               c10::toString(t.scalar_type()));
   }
 }
 
 void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides(),
-                    " for shape ", t.sizes(), "; call .contiguous() first");
+  TORCH_CHECK_VALUE(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", list_str(t.strides()),
+                    " for shape ", list_str(t.sizes()), "; call .contiguous() first");
 }
 
 void check_scale(const char* op, const at::Tensor& scale, const at::Tensor& input) {
-  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ", scale.scalar_type());
-  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must have exactly one element, got shape ", scale.sizes());
-  TORCH_CHECK_VALUE(scale.device() == input.device(), op, ": scale must be on the input's device ", input.device(),
-                    ", got ", scale.device());
+  TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ",
+                    c10::toString(scale.scalar_type()));
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must have exactly one element, got shape ",
+                    list_str(scale.sizes()));
+  TORCH_CHECK_VALUE(scale.device() == input.device(), op, ": scale must be on the input's device ",
+                    input.device().str(), ", got ", scale.device().str());
 }
 
 void check_launch(const char* op, cudaError_t err) {
@@ -76,17 +91,17 @@ void check_launch(const char* op, cudaError_t err) {
 at::Tensor silu_and_mul_2in_cuda(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& scale,
                             std::optional<double> limit, double alpha, double beta) {
   constexpr const char* kOp = "silu_and_mul_2in";
-  TORCH_CHECK_VALUE(gate.sizes() == up.sizes(), kOp, ": gate and up must have the same shape, got ", gate.sizes(),
-                    " and ", up.sizes());
+  TORCH_CHECK_VALUE(gate.sizes() == up.sizes(), kOp, ": gate and up must have the same shape, got ",
+                    list_str(gate.sizes()), " and ", list_str(up.sizes()));
   TORCH_CHECK_VALUE(gate.scalar_type() == up.scalar_type(), kOp, ": gate and up must have the same dtype, got ",
-                    gate.scalar_type(), " and ", up.scalar_type());
+                    c10::toString(gate.scalar_type()), " and ", c10::toString(up.scalar_type()));
   TORCH_CHECK_VALUE(gate.device() == up.device(), kOp, ": gate and up must be on the same device, got ",
-                    gate.device(), " and ", up.device());
+                    gate.device().str(), " and ", up.device().str());
   const Dtype in_dtype = input_dtype(kOp, "gate", gate);
   check_contiguous(kOp, "gate", gate);
   check_contiguous(kOp, "up", up);
   if (scale) check_scale(kOp, *scale, gate);
-  TORCH_CHECK_VALUE(!limit || *limit > 0, kOp, ": limit must be positive, got ", *limit);
+  TORCH_CHECK_VALUE(!limit || *limit > 0, kOp, ": limit must be positive, got ", std::to_string(*limit));
 
   const c10::cuda::OptionalCUDAGuard guard(gate.device());
   at::Tensor out = at::empty(gate.sizes(), gate.options().dtype(scale ? at::kFloat8_e4m3fn : gate.scalar_type()));
