@@ -7,6 +7,7 @@ no GPUs gets CPU workers instead, for the demo.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ def connect(address: str | None) -> Connection:
     if ray.is_initialized():
         return Connection(owned=False, dashboard_url=None)
     address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        _check_reachable(address)
     try:
         if address:
             context = ray.init(address=address)
@@ -50,6 +53,18 @@ def connect(address: str | None) -> Connection:
         raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}") from err
     url = context.dashboard_url
     return Connection(owned=True, dashboard_url=f"http://{url}" if url else None)
+
+
+def _check_reachable(address: str) -> None:
+    """Fails fast on a GCS address nobody listens on: ray.init would retry it for many minutes."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return  # `auto`, `ray://` and dashboard URLs are resolved by Ray itself
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as err:
+        raise ClusterError(f"no Ray cluster answers at {address} ({err.strerror or err}); "
+                           "start one with `ray start --head`, or check --address") from err
 
 
 def disconnect(connection: Connection) -> None:

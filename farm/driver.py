@@ -59,19 +59,24 @@ def new_run_id() -> str:
 
 
 def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
-    """Renders every job of `manifest` that is not done yet.
+    """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
-    # Raises: ClusterError (no cluster, no GPUs of the asked type); KeyboardInterrupt outside the run loop.
+    # Raises: ClusterError (no cluster, no GPUs of the asked type).
     """
     started = time.monotonic()
     report = RunReport(new_run_id(), manifest, {}, [])
     jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
     report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
     todo = [job for job in jobs if job.key not in set(report.skipped)]
-    if todo:
-        _render(manifest, todo, options, report)
-    report.seconds = time.monotonic() - started
-    _record(report)
+    report.outcomes = {job.key: Outcome("pending") for job in todo}
+    try:
+        if todo:
+            _render(manifest, todo, options, report)
+    except KeyboardInterrupt:  # before the run loop (connecting, sizing the pool); the loop handles its own
+        report.interrupted = True
+    finally:
+        report.seconds = time.monotonic() - started
+        _record(report)
     return report
 
 

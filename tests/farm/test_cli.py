@@ -104,3 +104,10 @@ def test_submit_with_everything_done_starts_no_run(tmp_path, capsys):
 def _failing_pipeline(tmp_path: Path):
     (tmp_path / "markers").mkdir()
     return functools.partial(fakes.scripted, markers=str(tmp_path / "markers"))
+
+
+def test_an_address_nobody_listens_on_fails_fast_with_a_message(tmp_path, capsys):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    assert cli.main(["submit", str(path), "--address", "127.0.0.1:1"]) == 1
+    assert "error: no Ray cluster answers at 127.0.0.1:1" in capsys.readouterr().err
+    assert state(tmp_path / "out")["result"] == "incomplete"
