@@ -39,11 +39,11 @@ def connect(address: str | None) -> Connection:
 
     # Raises: ClusterError when no cluster answers at `address`.
     """
-    if ray.is_initialized():
-        return Connection(owned=False, dashboard_url=None)
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         _check_reachable(address)
+    if ray.is_initialized():
+        return Connection(owned=False, dashboard_url=None)
     try:
         if address:
             context = ray.init(address=address)
