@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from farm import cluster as cluster_module
 from farm import driver, manifest
 from farm.cli import build_parser
+from farm.errors import ClusterError
 from tests.farm import fakes
 from tests.farm.helpers import events, local_cluster, output_files, state, temp_files, write_manifest
 from worker import fake
@@ -19,7 +21,8 @@ GPUS = 2
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    with local_cluster(num_gpus=GPUS, num_cpus=2 * GPUS):
+    # Ray's accelerator type is the custom resource `accelerator_type:<T>` that GPU nodes carry.
+    with local_cluster(num_gpus=GPUS, num_cpus=2 * GPUS, resources={"accelerator_type:H200": 1}):
         yield
 
 
@@ -132,3 +135,17 @@ def test_temp_files_of_a_crashed_earlier_run_are_swept(tmp_path):
 
     assert _submit(path).ok
     assert output_files(tmp_path / "out") == ["test/a_s0.mp4", "test/a_s0.mp4.json"]
+
+
+def test_one_worker_per_gpu_and_refusals_for_what_the_cluster_lacks():
+    assert cluster_module.plan_workers(None, None) == cluster_module.WorkerPlan(GPUS, 1, 1, None)
+    assert cluster_module.plan_workers(1, None).count == 1
+    with pytest.raises(ClusterError, match="more GPU workers than the cluster's 2 GPUs"):
+        cluster_module.plan_workers(GPUS + 1, None)
+    with pytest.raises(ClusterError, match="no B200 GPUs in the cluster"):
+        cluster_module.plan_workers(None, "B200")
+
+
+def test_accelerator_type_pins_workers_to_that_gpu_model(tmp_path):
+    assert cluster_module.plan_workers(None, "H200").accelerator_type == "H200"
+    assert _submit(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]), accelerator_type="H200").ok
