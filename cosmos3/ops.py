@@ -20,8 +20,10 @@ call goes straight to C++.
 Bit-exact CPU impls. The kernels evaluate a fixed sequence of correctly rounded fp32 operations (explicit
 fmaf, no compiler contraction, and a polynomial 2^x of our own instead of expf, whose last bit differs from
 the CPU's exp), and the CPU impls below run the same sequence with torch ops (fmaf exactly, through fp64), so
-CPU and CUDA agree bit for bit on every input (NaN payloads aside). The fp32 result is within a few ulps of
-the exact formula (plus |alpha * g| ulps from rounding the exponent's coefficient).
+CPU and CUDA agree bit for bit on every input (NaN payloads aside). With FP8 output the scale joins the
+denominator, (g' * (u' + beta)) / ((1 + exp(-alpha * g')) * scale), so an element costs one division. The
+fp32 result is within a few ulps of the exact formula (plus |alpha * g| ulps from rounding the exponent's
+coefficient).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.ops.cosmos3.quantize_fp8.default(x, scale)
 
 
-# --- argument checks (csrc/torch_bindings.cpp applies the same rules with the same messages) ---
+# --- argument checks (csrc/torch_bindings.cpp applies the same rules, in the same order and words) ---
 
 def _check_input_dtype(op: str, name: str, t: torch.Tensor) -> None:
     if t.dtype not in INPUT_DTYPES:
@@ -181,7 +183,7 @@ def _exp_table(dtype: torch.dtype, alpha: float) -> torch.Tensor:
 
 
 def _exp_of_gate(gate: torch.Tensor, alpha: float) -> torch.Tensor:
-    """exp(-alpha * gate) in fp32; a 16-bit gate reads it from _exp_table (the same bits, ~30x less work)."""
+    """exp(-alpha * gate) in fp32; a 16-bit gate reads it from _exp_table (the same bits, ~20x less work)."""
     if gate.dtype == torch.float32:
         return _exp_neg_alpha_g(gate, alpha)
     return _exp_table(gate.dtype, alpha)[gate.view(torch.int16).int() + (1 << 15)]

@@ -4,8 +4,8 @@
 // torch.library), together with their CPU and fake impls, so the ops exist on a machine without CUDA or
 // nvcc. This file only adds the CUDA kernels, through TORCH_LIBRARY_IMPL(cosmos3, CUDA, m), when
 // cosmos3/ops.py builds and loads it on first CUDA use. A TORCH_LIBRARY(cosmos3, m) block here would own the
-// namespace instead, and the ops would only exist after a CUDA build. The argument checks below mirror
-// _check_swiglu_args / _check_quantize_args in cosmos3/ops.py word for word.
+// namespace instead, and the ops would only exist after a CUDA build. The argument checks below apply the
+// rules of _check_swiglu_args / _check_quantize_args in cosmos3/ops.py, in the same order and words.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
