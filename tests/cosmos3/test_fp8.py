@@ -223,11 +223,16 @@ def test_options_that_would_change_a_static_checkpoint_are_refused(ckpts, kwargs
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_static_fp8_on_cuda_scaled_mm_matches_cpu(ckpts):
-    """torch._scaled_mm on the H200 against the same arithmetic on the CPU (bf16 outputs)."""
-    _, fp8 = ckpts
+    """torch._scaled_mm on the H200 against the same arithmetic on the CPU, and both against BF16.
+
+    Accumulation order differs, so an activation near an e4m3 rounding boundary can land one FP8
+    step (6%) apart on one element; the RMS difference stays at bf16 level.
+    """
+    bf16, fp8 = ckpts
     ids, latents = sample(5)
-    cpu = load_transformer(fp8, dtype=torch.bfloat16).velocity(ids, latents, 500.0, fps=24.0)
+    reference = load_transformer(bf16, dtype=torch.float32).velocity(ids, latents, 500.0, fps=24.0)
+    cpu = load_transformer(fp8, dtype=torch.bfloat16).velocity(ids, latents, 500.0, fps=24.0).float()
     gpu = load_transformer(fp8, device="cuda", dtype=torch.bfloat16).velocity(ids.cuda(), latents.cuda(), 500.0,
-                                                                              fps=24.0)
-    rel = ((gpu.cpu().float() - cpu.float()).abs().max() / cpu.float().abs().max()).item()
-    assert rel < 3e-2, rel
+                                                                              fps=24.0).cpu().float()
+    assert relative_rms(gpu, cpu) < 3e-2
+    assert relative_rms(gpu, reference) < 0.15  # the CPU bound of test_static_fp8_velocity_is_close...

@@ -87,13 +87,17 @@ def test_und_cache_equals_recompute_over_steps_and_cfg_branches(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("t,h,w,cond,fps", CASES)
-def test_velocity_matches_diffusers_bf16_cuda(tmp_path, t, h, w, cond, fps):
-    ref = tiny_reference()
+def test_bf16_cuda_velocity_matches_the_fp32_reference(tmp_path, t, h, w, cond, fps):
+    """Our BF16 model on CUDA (SDPA) against diffusers in fp32 on CUDA.
+
+    Measured on the CPU: 1.3% of the output scale. (diffusers itself cast to bf16 errs ~18% here:
+    ``.to(bfloat16)`` also casts its rotary ``inv_freq`` buffer, so angles at positions past 15000
+    lose their precision; ours stays fp32.)
+    """
+    ref = tiny_reference().to("cuda")
     model = load_transformer(save(ref, tmp_path), device="cuda", dtype=torch.bfloat16)
     ids, latents = inputs(t, h, w)
-    ref = ref.to("cuda", torch.bfloat16)
-    ref.time_embedder.float()  # diffusers keeps time_embedder in fp32 (_keep_in_fp32_modules)
-    expected, _ = reference_forward(ref, ids.cuda(), latents.cuda().bfloat16(), 731.0, fps=fps, condition_frames=cond)
+    expected, _ = reference_forward(ref, ids.cuda(), latents.cuda(), 731.0, fps=fps, condition_frames=cond)
     ours = model.velocity(ids.cuda(), latents.cuda().bfloat16(), 731.0, fps=fps, condition_frames=cond)
     assert ours.dtype == torch.bfloat16
-    assert_close_to_scale(ours, expected, 3e-2)  # a few bf16 ulps of the output scale
+    assert_close_to_scale(ours, expected, 3e-2)
