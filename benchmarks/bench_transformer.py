@@ -8,9 +8,10 @@ Variants, measured side by side in one run on the same random weights:
   fp8 fused       static FP8 forced onto the fused topology (one max(scale) per fused weight,
                   the layout TensorRT-LLM had before PR #17476); a speed baseline only
   w8a16 step      the fp8 model on an edge step of the checkpoint's step policy
-Per variant: step time (median, CUDA events), GEN-linear time and attention time measured
-alone (their share of the step), weight memory of the decoder projections, peak memory of a
-step over the resident weights, and memory left behind after the step.
+Our variants run eager and replayed from CUDA graphs (``model.enable_cuda_graphs()``). Per
+variant: step time (median, CUDA events), GEN-linear time and attention time measured alone
+(their share of the step), weight memory of the decoder projections, peak memory of a step over
+the resident weights, and memory left behind after the step (a W8A16 step must leave none).
 
     python benchmarks/bench_transformer.py --layers 4 --tokens 1024 44160
 """
@@ -163,46 +164,70 @@ def main() -> None:
         print_table(n, rows)
 
 
+def graphed(fn):
+    """``fn`` captured once in a CUDA graph; the returned callable replays it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
     latents = torch.randn(LATENT_SHAPES[n], device="cuda", dtype=torch.bfloat16)
     fps = 24.0 if latents.shape[1] > 1 else None
     x = torch.randn(n, bf16.config.hidden_size, device="cuda", dtype=torch.bfloat16)
     caches = {m: m.encode_text(ids) for m in (bf16, fp8, fused)}
-    variants = {
-        "bf16 no-cache": (bf16, lambda: bf16.velocity(ids, latents, 500.0, fps=fps)),
-        "bf16": (bf16, lambda: bf16.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[bf16])),
-        "fp8 split": (fp8, lambda: fp8.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[fp8])),
-        "fp8 fused": (fused, lambda: fused.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[fused])),
-        "w8a16 step": (fp8, lambda: fp8.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[fp8])),
-    }
+
+    def step(model, cached=True):
+        return lambda: model.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[model] if cached else None)
+
+    ours = {"bf16": bf16, "fp8 split": fp8, "fp8 fused": fused, "w8a16 step": fp8}
+    rows = {}
     if reference is not None:
         from tests.cosmos3.reference import reference_forward
 
-        variants = {"diffusers": (None, lambda: reference_forward(reference, ids, latents, 500.0, fps=fps)),
-                    **variants}
-    rows = {}
-    attention_ms = timed(lambda: attention_only(bf16, n, ids.numel()), args.iters, args.warmup)
-    for name, (model, step) in variants.items():
-        # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
-        fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
-        with torch.no_grad():
-            step_ms = timed(step, args.iters, args.warmup)
-            peak, left = peak_over_resident(step)
-            linear_ms = timed(lambda: gen_linears(model, x), args.iters, args.warmup) if model else float("nan")
-        rows[name] = dict(step=step_ms, linears=linear_ms, attention=attention_ms, peak=peak, left=left)
+        rows["diffusers"] = measure(lambda: reference_forward(reference, ids, latents, 500.0, fps=fps), None, args)
+    rows["bf16 no-cache"] = measure(step(bf16, cached=False), None, args)
+    for mode in ("eager", "graphs"):
+        attention = lambda: attention_only(bf16, n, ids.numel())  # noqa: E731
+        attention = graphed(attention) if mode == "graphs" else attention
+        attention_ms = timed(attention, args.iters, args.warmup)
+        for name, model in ours.items():
+            # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
+            fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
+            if mode == "graphs" and model.cuda_graphs is None:
+                model.enable_cuda_graphs()
+            linears = lambda model=model: gen_linears(model, x)  # noqa: E731
+            linears = graphed(linears) if mode == "graphs" else linears
+            rows[f"{name} ({mode})"] = measure(step(model), linears, args, attention_ms)
+    for model in ours.values():
+        model.cuda_graphs = None
     fp8.set_denoising_step(17, 35)
     return rows
 
 
+@torch.no_grad()
+def measure(step, linears, args, attention_ms=float("nan")) -> dict:
+    step_ms = timed(step, args.iters, args.warmup)
+    peak, left = peak_over_resident(step)
+    linear_ms = timed(linears, args.iters, args.warmup) if linears else float("nan")
+    return dict(step=step_ms, linears=linear_ms, attention=attention_ms, peak=peak, left=left)
+
+
 def print_table(n: int, rows: dict) -> None:
-    bf16 = rows["bf16"]
-    print(f"\n### {n:,} GEN tokens (per step; ratios vs our bf16 with UND cache)")
+    print(f"\n### {n:,} GEN tokens per step; ratios against our bf16 in the same mode (eager / graphs)")
     print("| variant | step ms | vs bf16 | GEN linears ms | linears vs bf16 | linears share | attention share "
           "| step peak GiB | left after step GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['step']:.2f} | {bf16['step'] / r['step']:.2f}x | {r['linears']:.2f} "
-              f"| {bf16['linears'] / r['linears']:.2f}x | {r['linears'] / r['step']:.0%} "
+        base = rows["bf16 (graphs)" if "graphs" in name else "bf16 (eager)"]
+        print(f"| {name} | {r['step']:.2f} | {base['step'] / r['step']:.2f}x | {r['linears']:.2f} "
+              f"| {base['linears'] / r['linears']:.2f}x | {r['linears'] / r['step']:.0%} "
               f"| {r['attention'] / r['step']:.0%} | {r['peak']:.2f} | {r['left']:.3f} |")
 
 

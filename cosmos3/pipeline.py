@@ -138,13 +138,19 @@ class Cosmos3Pipeline:
         dtype: torch.dtype | None = None,
         precision: str = "auto",
         step_precision: str = "auto",
+        cuda_graphs: bool = True,
     ) -> Cosmos3Pipeline:
-        """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32)."""
+        """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32).
+
+        On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``.
+        """
         root = Path(checkpoint_dir)
         _check_layout(root)
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision)
+        if cuda_graphs and device.type == "cuda":
+            model.enable_cuda_graphs()
         return cls(
             model=model,
             vae=WanVAE.from_pretrained(root / "vae", device=device),

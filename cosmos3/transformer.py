@@ -36,6 +36,18 @@ class UndCache:
     length: int  # S_und: the text positions 0..S_und-1; vision starts at S_und + 15000
 
 
+@dataclass(frozen=True)
+class GenLayout:
+    """Shape-only facts of a GEN evaluation: the same for every step of a render."""
+
+    key: tuple  # (latent shape, UND length, fps, condition frames, sound frames)
+    latent_shape: tuple[int, int, int, int]  # [C, T, H, W]
+    grid: tuple[int, int, int]  # patch grid (T, Hp, Wp)
+    noisy: torch.Tensor  # [T_noisy] long: latent frames that get the timestep embedding
+    cos: torch.Tensor  # [N_gen, hd] RoPE of the GEN tokens (vision, then sound)
+    sin: torch.Tensor
+
+
 @dataclass
 class GenOutput:
     vision: torch.Tensor  # velocity [C, T, H, W], zero at condition frames
@@ -89,6 +101,8 @@ class Cosmos3Transformer(nn.Module):
         # The last layer's UND MLP output is never read (GEN needs only its K/V), so it is
         # skipped; FP8 calibration turns this off so every projection sees activations.
         self.skip_unread_und_mlp = True
+        self.cuda_graphs = None  # a cosmos3.cuda_graphs.GenGraphs once enable_cuda_graphs() is called
+        self._layouts: dict[tuple, GenLayout] = {}
         quant = config.quantization
         method = get_quant_method(precision)
         split = precision == "fp8-static"
@@ -165,42 +179,72 @@ class Cosmos3Transformer(nn.Module):
         """
         if und_cache is None:
             und_cache = self.encode_text(input_ids)
-        c, t, h, w = latents.shape
-        p = self.config.latent_patch_size
-        cond = sorted({int(i) for i in condition_frames if 0 <= int(i) < t})
-        noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
+        t = latents.shape[1]
+        cond = tuple(sorted({int(i) for i in condition_frames if 0 <= int(i) < t}))
+        sound_frames = None if sound_latents is None else sound_latents.shape[1]
+        layout = self.gen_layout(tuple(latents.shape), und_cache.length, fps, cond, sound_frames)
+        latents = latents.to(self.device, self.dtype)
+        if sound_latents is not None:
+            sound_latents = sound_latents.to(self.device, self.dtype)
+        step_t = self._timestep_tensor(timestep)
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.run(layout, latents, step_t, und_cache, sound_latents)
+        return self.gen(layout, latents, step_t, und_cache, sound_latents)
 
-        # Embed vision patches; the timestep embedding goes to noisy frames only.
-        patches, grid = patchify(latents.to(self.device, self.dtype), p)  # [T*Hp*Wp, p*p*C]
-        tokens = self.proj_in(patches).view(t, grid[1] * grid[2], -1)  # [T, Hp*Wp, H]
-        t_emb = self._timestep_embedding(timestep)  # [H]
-        tokens[noisy] += t_emb
-        segments = [tokens.reshape(t * grid[1] * grid[2], -1)]
-        offset = und_cache.length + self.config.unified_3d_mrope_temporal_modality_margin
+    def gen_layout(self, latent_shape: tuple[int, int, int, int], und_len: int, fps: float | None,
+                   condition_frames: tuple[int, ...], sound_frames: int | None) -> GenLayout:
+        """What a GEN evaluation needs beyond tensors, built once per shape and reused every step."""
+        key = (latent_shape, und_len, fps, condition_frames, sound_frames)
+        if key not in self._layouts:
+            if len(self._layouts) >= 16:  # a render uses one or two; bound it across requests
+                self._layouts.pop(next(iter(self._layouts)))
+            self._layouts[key] = self._build_layout(key)
+        return self._layouts[key]
+
+    def _build_layout(self, key) -> GenLayout:
+        latent_shape, und_len, fps, cond, sound_frames = key
+        c, t, h, w = latent_shape
+        p = self.config.latent_patch_size
+        grid = (t, -(-h // p), -(-w // p))
+        offset = und_len + self.config.unified_3d_mrope_temporal_modality_margin
         vision_fps = fps if self.config.enable_fps_modulation else None
         positions = [grid_positions(grid, offset, fps=vision_fps, base_fps=self.config.base_fps,
                                     temporal_compression=VAE_TEMPORAL_COMPRESSION)]
-
-        # Sound tokens follow vision in the GEN stream and share its temporal offset; all are noisy.
-        if sound_latents is not None:
-            sound = sound_latents.to(self.device, self.dtype).t()  # [T_s, sound_dim]
-            segments.append(self.audio_proj_in(sound) + self.audio_modality_embed + t_emb)
+        if sound_frames is not None:  # sound shares the vision temporal offset ("temporal siblings")
             sound_fps = self.config.sound_latent_fps if self.config.enable_fps_modulation else None
-            positions.append(grid_positions((sound.shape[0], 1, 1), offset, fps=sound_fps,
+            positions.append(grid_positions((sound_frames, 1, 1), offset, fps=sound_fps,
                                             base_fps=self.config.base_fps, temporal_compression=1))
+        cos, sin = self.rotary_emb(torch.cat(positions, dim=1), self.dtype)  # [N_gen, hd] each
+        noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
+        return GenLayout(key, latent_shape, grid, noisy, cos, sin)
+
+    def gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, und_cache: UndCache,
+            sound_latents: torch.Tensor | None = None) -> GenOutput:
+        """The GEN tower on device tensors only (no host reads: CUDA-graph capturable)."""
+        c, t, h, w = layout.latent_shape
+        p = self.config.latent_patch_size
+        _, hp, wp = layout.grid
+
+        # Embed vision patches; the timestep embedding goes to noisy frames only.
+        patches, _ = patchify(latents, p)  # [T*Hp*Wp, p*p*C]
+        tokens = self.proj_in(patches).view(t, hp * wp, -1)  # [T, Hp*Wp, H]
+        t_emb = self.time_embedder(step_t * self.config.timestep_scale)[0].to(self.dtype)  # [H], fp32 inside
+        tokens[layout.noisy] += t_emb
+        segments = [tokens.reshape(t * hp * wp, -1)]
+        if sound_latents is not None:  # sound tokens follow vision in the GEN stream; all are noisy
+            segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
 
         x = torch.cat(segments)  # [N_gen, H]
-        cos, sin = self.rotary_emb(torch.cat(positions, dim=1), self.dtype)
         for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values):
-            x = layer.forward_gen(x, cos, sin, k_und, v_und)
+            x = layer.forward_gen(x, layout.cos, layout.sin, k_und, v_und)
         x = self.norm_moe_gen(x)
 
         # Read predictions at noisy vision tokens only; condition frames stay zero.
         n_vision = segments[0].shape[0]
-        frames = x[:n_vision].view(t, grid[1] * grid[2], -1)[noisy]  # [T_noisy, Hp*Wp, H]
+        frames = x[:n_vision].view(t, hp * wp, -1)[layout.noisy]  # [T_noisy, Hp*Wp, H]
         pred = self.proj_out(frames.reshape(-1, frames.shape[-1]))
-        velocity = latents.new_zeros((c, t, h, w), dtype=self.dtype, device=self.device)
-        velocity[:, noisy] = unpatchify(pred, (len(noisy), grid[1], grid[2]), p, (h, w))
+        velocity = torch.zeros((c, t, h, w), dtype=self.dtype, device=self.device)
+        velocity[:, layout.noisy] = unpatchify(pred, (len(layout.noisy), hp, wp), p, (h, w))
         sound_velocity = self.audio_proj_out(x[n_vision:]).t() if sound_latents is not None else None
         return GenOutput(velocity, sound_velocity)
 
@@ -209,10 +253,19 @@ class Cosmos3Transformer(nn.Module):
         return self.forward(input_ids, latents, timestep, fps=fps, condition_frames=condition_frames,
                             und_cache=und_cache).vision
 
-    def _timestep_embedding(self, timestep: float | torch.Tensor) -> torch.Tensor:
-        """Scheduler timestep (0..1000) -> ``[H]`` in the model dtype, computed in fp32."""
-        t = torch.as_tensor(timestep, dtype=torch.float32, device=self.device).reshape(1)
-        return self.time_embedder(t * self.config.timestep_scale)[0].to(self.dtype)
+    def _timestep_tensor(self, timestep: float | torch.Tensor) -> torch.Tensor:
+        """Scheduler timestep (0..1000) as an fp32 ``[1]`` device tensor, written without a host sync."""
+        if isinstance(timestep, torch.Tensor) and timestep.device == self.device:
+            return timestep.reshape(1).float()
+        return torch.full((1,), float(timestep), dtype=torch.float32, device=self.device)
+
+    def enable_cuda_graphs(self, max_graphs: int = 8) -> None:
+        """Replay each GEN step from a CUDA graph: at small token counts launches, not maths, bound a step."""
+        from cosmos3.cuda_graphs import GenGraphs
+
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {self.device}")
+        self.cuda_graphs = GenGraphs(self, max_graphs=max_graphs)
 
     # ---------------------------------------------------------------- step precision
 

@@ -478,3 +478,14 @@ def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
     config.write_text((root / "transformer" / "config.json").read_text())
     index.write_text(index.read_text().replace("00002-of", "00003-of"))
     assert checkpoint_identity(other)["sha256"] != checkpoint_identity(root)["sha256"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("task", ["t2i", "t2v"])
+def test_cuda_render_with_graphs_equals_eager(root, task):
+    request = job(task, seed=3)
+    eager = Cosmos3Pipeline.from_pretrained(root, device="cuda", cuda_graphs=False)(request)
+    graphed = Cosmos3Pipeline.from_pretrained(root, device="cuda")(request)
+    assert graphed.frames.dtype == np.uint8 and graphed.frames.shape == eager.frames.shape
+    assert np.array_equal(graphed.frames, eager.frames)

@@ -1,0 +1,76 @@
+"""CUDA graphs of the GEN tower: capture a step once, replay it every step.
+
+A Nano GEN step at 1,024 tokens is a few thousand small kernels; launching them from Python costs
+more than the maths. A graph is captured per (layout, UND length, step-precision mode): the inputs
+that change between calls — latents, timestep, the UND K/V of the branch — are copied into the
+graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so the
+cond and uncond branches of a render, and later renders of the same shape, reuse the graphs.
+All graphs share one memory pool; they never run concurrently and outputs are cloned out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from cosmos3.transformer import GenLayout, GenOutput, UndCache
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    latents: torch.Tensor  # static inputs ...
+    step_t: torch.Tensor
+    cache: UndCache
+    sound: torch.Tensor | None
+    out: GenOutput  # ... and outputs, owned by the graph's pool
+
+
+class GenGraphs:
+    def __init__(self, model, *, max_graphs: int = 8):
+        self.model = model
+        self.max_graphs = max_graphs
+        self.pool = torch.cuda.graph_pool_handle()
+        self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+
+    def _mode(self) -> tuple:
+        """Which method each step-gated linear runs now: a W8A16 step and a W8A8 step are different graphs."""
+        controller = self.model.step_controller
+        return () if controller is None else tuple(type(l.quant_method).__name__ for l in controller.gen_linears[:1])
+
+    def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
+            sound: torch.Tensor | None) -> GenOutput:
+        key = (layout.key, self._mode())
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._capture(key, layout, latents, step_t, cache, sound)
+        self._graphs.move_to_end(key)
+        captured.latents.copy_(latents)
+        captured.step_t.copy_(step_t)
+        for static, live in zip(captured.cache.keys + captured.cache.values, cache.keys + cache.values):
+            static.copy_(live)
+        if sound is not None:
+            captured.sound.copy_(sound)
+        captured.graph.replay()
+        out = captured.out
+        return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
+
+    def _capture(self, key, layout, latents, step_t, cache, sound) -> _Captured:
+        if len(self._graphs) >= self.max_graphs:
+            self._graphs.popitem(last=False)
+        static = UndCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.length)
+        inputs = (latents.clone(), step_t.clone(), static, None if sound is None else sound.clone())
+        # Warm up on a side stream (lazy cuBLAS/extension init must not happen during capture).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.model.gen(layout, *inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.model.gen(layout, *inputs)
+        captured = _Captured(graph, inputs[0], inputs[1], static, inputs[3], out)
+        self._graphs[key] = captured
+        return captured
