@@ -43,6 +43,24 @@ def uses_static_fp8(config: dict[str, Any]) -> bool:
     )
 
 
+def distilled_steps(checkpoint: Path) -> int | None:
+    """The step count of a distilled build's fixed schedule, or None for a base checkpoint.
+
+    Same rule as `cosmos3.sampling`: `fixed_step_sampler_config.t_list` in the scheduler config, else
+    `distilled_sigmas` in `modular_model_index.json`. Such builds bake guidance in (it must be 1.0).
+    """
+    for path, read in ((checkpoint / "scheduler" / "scheduler_config.json",
+                        lambda d: (d.get("fixed_step_sampler_config") or {}).get("t_list")),
+                       (checkpoint / "modular_model_index.json", lambda d: d.get("distilled_sigmas"))):
+        try:
+            sigmas = read(json.loads(path.read_text()))
+        except (OSError, ValueError, AttributeError):
+            continue
+        if sigmas:
+            return len(sigmas)
+    return None
+
+
 def fingerprint(checkpoint: Path) -> str:
     """A cheap identity for "the same checkpoint": every JSON file's bytes plus each weight file's name and size.
 

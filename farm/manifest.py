@@ -132,6 +132,7 @@ class _Resolver:
         self.problems: list[Problem] = []
         self.job_ids: dict[int, str] = {}
         self._input_hashes: dict[str, str] = {}
+        self._schedule: dict = {}  # a distilled checkpoint's fixed steps and baked-in guidance
 
     def error(self, path: Path_, message: str) -> None:
         self.problems.append(Problem(self.doc.line(path), format_path(path, self.job_ids), message))
@@ -182,7 +183,12 @@ class _Resolver:
         parallel = self._parallel(raw.get("parallel", {}))
         ckpt = self._checkpoint(raw)
         # `precision: auto` runs what the checkpoint holds; bf16 / fp8-dynamic do not use its static scales.
-        static = ckpt is not None and checkpoint.uses_static_fp8(ckpt[1]) and precision == "auto"
+        static = ckpt is not None and checkpoint.uses_static_fp8(ckpt[1])
+        if static and precision in ("bf16", "fp8-dynamic"):
+            self.error(("model", "precision"), f"{precision} would re-quantize this static FP8 checkpoint's "
+                                               "calibrated weights; use auto")
+        if ckpt is not None and (steps_fixed := checkpoint.distilled_steps(ckpt[0])) is not None:
+            self._schedule = {"steps": steps_fixed, "guidance": 1.0}
         if parallel is not None:
             self._check_parallel(parallel, static)
         if ckpt is None or None in (precision, steps, parallel):
@@ -324,8 +330,17 @@ class _Resolver:
         explicit = {k: v for k, v in checked.items() if v is not None}
         ok = len(explicit) == len(checked)
         task = explicit.get("task", defaults.get("task", _COMMON["task"]))
-        builtin = {**_COMMON, **(_IMAGE if task == "t2i" else _VIDEO)}
+        builtin = {**_COMMON, **(_IMAGE if task == "t2i" else _VIDEO), **self._schedule}
         values = {**builtin, **defaults, **explicit}
+        for key, fixed in self._schedule.items():
+            if values[key] != fixed:
+                self.error((*where, key), f"{values[key]} on a distilled checkpoint, which runs its fixed "
+                                          f"{self._schedule['steps']}-step schedule with guidance 1.0 "
+                                          f"(remove {key}, or set it to {fixed})")
+                ok = False
+        if self._schedule and values.get("negative_prompt"):
+            self.error((*where, "negative_prompt"), "a distilled checkpoint runs without CFG: remove negative_prompt")
+            ok = False
         if "prompt" not in values and "prompt" not in checked:
             self.error(where, "prompt: required")
             ok = False

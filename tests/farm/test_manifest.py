@@ -6,6 +6,7 @@ in order (`{dir}` stands for the manifest's folder).
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -120,3 +121,40 @@ def test_example_manifest_is_valid_but_for_the_cluster_files_it_names():
     problems = caught.value.problems
     assert [p.where for p in problems] == ["model -> checkpoint", "jobs[3] (id=harbour-extend) -> image"]
     assert all("is not a directory" in p.message or "not found" in p.message for p in problems)
+
+
+def distilled(folder: Path) -> None:
+    """Give the checkpoint beside a manifest a distilled 4-step scheduler config."""
+    scheduler = folder / "ckpt" / "scheduler"
+    scheduler.mkdir(parents=True, exist_ok=True)
+    config = {"_class_name": "FlowMatchEulerDiscreteScheduler",
+              "fixed_step_sampler_config": {"t_list": [1.0, 0.9, 0.7, 0.3]}}
+    (scheduler / "scheduler_config.json").write_text(json.dumps(config))
+
+
+def test_distilled_checkpoint_jobs_take_its_fixed_schedule(tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}, {"id": "b", "task": "t2i", "prompt": "y"}])
+    distilled(tmp_path)
+    jobs = manifest.load(path).jobs
+    assert [(j.steps, j.guidance) for j in jobs] == [(4, 1.0), (4, 1.0)]
+
+
+def test_distilled_checkpoint_refuses_other_steps_guidance_and_negative_prompts(tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x", "steps": 35, "guidance": 6.0,
+                                      "negative_prompt": "blurry"}])
+    distilled(tmp_path)
+    with pytest.raises(ManifestError) as err:
+        manifest.load(path)
+    message = str(err.value)
+    assert "steps: 35 on a distilled checkpoint, which runs its fixed 4-step schedule" in message
+    assert "guidance: 6.0 on a distilled checkpoint" in message
+    assert "negative_prompt: a distilled checkpoint runs without CFG" in message
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8-dynamic"])
+def test_forcing_another_precision_on_a_static_fp8_checkpoint_is_refused(tmp_path, precision):
+    make_checkpoint(tmp_path / "ckpt-fp8", static_fp8=True)
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}],
+                          model={"checkpoint": "ckpt-fp8", "precision": precision})
+    with pytest.raises(ManifestError, match=f"{precision} would re-quantize this static FP8 checkpoint"):
+        manifest.load(path)
