@@ -2,14 +2,30 @@
 
 Used on the denoising steps a checkpoint's ``diffusion_step_policy`` names, and for the UND
 tower when the policy says ``reasoner: a16``. ``input_scale`` is unused and no dequantized
-copy persists: the product is a per-call temporary.
+copy persists: the product is a per-call temporary. On CUDA the dequantization is one fused
+pass (``torch.compile`` of the same expression, bit-identical; benchmarks/bench_w8a16.py
+measures it against the eager two-kernel form).
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import torch.nn.functional as F
 
 from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``W_fp8.to(dtype) * weight_scale``: ``[out, in]`` e4m3 -> ``[out, in]`` 16-bit."""
+    return weight.to(dtype) * scale
+
+
+@functools.cache
+def fused_dequantize():
+    """``dequantize`` as one kernel instead of two (convert, then scale); compiled on first CUDA use."""
+    return torch.compile(dequantize, dynamic=False)
 
 
 class W8A16LinearMethod(StaticFP8LinearMethod):
@@ -27,4 +43,5 @@ class W8A16LinearMethod(StaticFP8LinearMethod):
                 "W8A16 linear was handed an already-quantized FP8 activation; on a 16-bit step every "
                 "sharing site must stand down (a bug in the caller)"
             )
-        return F.linear(x, layer.weight.to(x.dtype) * layer.weight_scale)
+        weight = (fused_dequantize() if x.is_cuda else dequantize)(layer.weight, layer.weight_scale, x.dtype)
+        return F.linear(x, weight)

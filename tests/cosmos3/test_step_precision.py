@@ -131,6 +131,18 @@ def test_w8a16_linear_is_the_dequantized_weight_in_a_16bit_gemm(ckpts):
         linear(STATIC_FP8.quantize_input(linear, x))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_w8a16_on_cuda_fused_dequantization_is_bit_identical(ckpts):
+    _, fp8 = ckpts
+    model = load_transformer(fp8, device="cuda", dtype=torch.bfloat16)
+    for linear in (model.layers[0].mlp_moe_gen.up_proj, model.layers[1].mlp_moe_gen.down_proj):
+        linear.quant_method = W8A16
+        x = torch.randn(7, linear.in_features, device="cuda").bfloat16()
+        expected = F.linear(x, linear.weight.to(torch.bfloat16) * linear.weight_scale)
+        assert torch.equal(linear(x), expected)
+
+
 def capture_inputs(model, monkeypatch):
     """Record what GEN layer 0's Q/K/V and down_proj receive, and count quantizations."""
     seen, calls = {}, []
