@@ -1,7 +1,8 @@
 """W8A16 on Nano's GEN weight shapes: dequantize as a per-call temporary, eager vs fused (needs CUDA).
 
-Eager ``W.to(bf16) * weight_scale`` is two kernels (convert, then scale: 7 bytes moved per
-weight); ``torch.compile`` of the same expression is one (3 bytes). Both must be bit-identical.
+Eager ``(W.float() * weight_scale).to(bf16)`` is several kernels (convert, scale, round: 13
+bytes moved per weight); ``torch.compile`` of the same expression is one (3 bytes). Both must
+be bit-identical.
 Prints per shape: dequant time both ways, and the whole W8A16 linear against a BF16 linear.
 
     python benchmarks/bench_w8a16.py --tokens 1024 44160

@@ -4,7 +4,7 @@ Used on the denoising steps a checkpoint's ``diffusion_step_policy`` names, and 
 tower when the policy says ``reasoner: a16``. ``input_scale`` is unused and no dequantized
 copy persists: the product is a per-call temporary. On CUDA the dequantization is one fused
 pass (``torch.compile`` of the same expression, bit-identical; benchmarks/bench_w8a16.py
-measures it against the eager two-kernel form).
+measures it against the eager form).
 """
 
 from __future__ import annotations
@@ -18,8 +18,14 @@ from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod
 
 
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``W_fp8.to(dtype) * weight_scale``: ``[out, in]`` e4m3 -> ``[out, in]`` 16-bit."""
-    return weight.to(dtype) * scale
+    """``[out, in]`` e4m3 -> ``[out, in]`` 16-bit: ``W_fp8 * weight_scale`` in fp32, rounded once.
+
+    On the CPU this is bit for bit ``W_fp8.to(bf16) * weight_scale`` (its kernels multiply a bf16
+    tensor by an fp32 scalar tensor in fp32). CUDA's eager kernel rounds the scale to bf16 first
+    and torch.compile's does not, so we state the one-rounding form (vLLM-Omni's) explicitly: the
+    same bits on every device, eager or fused.
+    """
+    return (weight.float() * scale).to(dtype)
 
 
 @functools.cache
