@@ -61,13 +61,10 @@ def test_worker_refuses_static_fp8_sharded_even_if_the_manifest_let_it_through(c
         ray.get(worker.ready.remote())
 
 
-@pytest.mark.parametrize("precision, refused", [("auto", True), ("bf16", False)])
-def test_static_fp8_sharding_refusal_depends_on_running_the_static_scales(tmp_path, precision, refused):
+def test_worker_refuses_sharded_static_fp8_again(tmp_path):
+    """Defence in depth: the manifest refuses it first (and refuses bf16/fp8-dynamic on such a checkpoint)."""
     make_checkpoint(tmp_path / "fp8", static_fp8=True)
-    m = _manifest(tmp_path, checkpoint="fp8", precision=precision)
+    m = _manifest(tmp_path, checkpoint="fp8")
     sharded = dataclasses.replace(m.model, parallel={**m.model.parallel, "cfg_size": 2})
-    if refused:
-        with pytest.raises(WorkerConfigError, match=r"parallel.cfg_size=2 \(set it to 1\)"):
-            refuse_sharded_static_fp8(sharded)
-    else:
+    with pytest.raises(WorkerConfigError, match=r"parallel.cfg_size=2 \(set it to 1\)"):
         refuse_sharded_static_fp8(sharded)
