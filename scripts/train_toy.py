@@ -1,0 +1,369 @@
+"""Train the toy Cosmos3 checkpoint on CPU and write it as BF16 and as static FP8 (issue 8).
+
+    python scripts/train_toy.py                       # -> checkpoints/toy/{bf16,fp8}
+    python scripts/train_toy.py --out /tmp/toy --vae-steps 20 --steps 20    # a smoke run
+
+Stages: word-level tokenizer -> a small AutoencoderKLWan trained on drawn scenes -> latents of a fixed
+scene set -> diffusers' Cosmos3OmniTransformer trained by flow matching (EMA weights kept) -> the BF16
+checkpoint -> input amax calibrated on real denoising trajectories of our pipeline -> the ModelOpt-layout
+static FP8 checkpoint with the published diffusion_step_policy -> accuracy of FP8 renders, read from
+their pixels. Everything is seeded: the same arguments on the same machine give the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8  # noqa: E402
+from cosmos3.media import resize_cover_crop  # noqa: E402
+from cosmos3.pipeline import Cosmos3Pipeline, checkpoint_identity  # noqa: E402
+from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
+from cosmos3.sampling import load_recipe  # noqa: E402
+from cosmos3.toy import flow, measure, scenes  # noqa: E402
+from cosmos3.toy.layout import PROMPT_WORDS, UNIPC_SCHEDULER, save_transformer, write_pipeline_files, write_tokenizer  # noqa: E402
+from cosmos3.vae import WanVAE  # noqa: E402
+
+Z_DIM = 16  # latent channels (48 in the published VAE)
+VOCAB_SIZE = 80  # >= the toy tokenizer's 66 tokens; a small embedding keeps the files small
+
+# A Wan 2.2-shaped VAE (residual, patchified, spatial factor 16, temporal factor 4), made cheap enough to
+# train on a CPU: a 4x4 patchify and two downsamples instead of 2x2 and three, so the convolutions run
+# at a quarter of the resolution.
+VAE_CONFIG = {
+    "base_dim": 16,
+    "decoder_base_dim": 16,
+    "z_dim": Z_DIM,
+    "dim_mult": [1, 2, 2],
+    "num_res_blocks": 1,
+    "attn_scales": [],
+    "temperal_downsample": [True, True],
+    "is_residual": True,
+    "in_channels": 3 * 4 * 4,
+    "out_channels": 3 * 4 * 4,
+    "patch_size": 4,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+}
+
+# The Nano architecture, small: 4 MoT layers of hidden 192 (Nano: 36 of 4096).
+TRANSFORMER_CONFIG = {
+    "hidden_size": 192,
+    "head_dim": 32,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "intermediate_size": 512,
+    "latent_channel": Z_DIM,
+    "latent_patch_size": 2,
+    "patch_latent_dim": Z_DIM * 2 * 2,
+    "vocab_size": VOCAB_SIZE,
+    # head_dim 32 -> 16 rotary frequencies, split T/H/W like the published [24, 20, 20] of 64.
+    "rope_scaling": {"mrope_interleaved": True, "mrope_section": [6, 5, 5], "rope_type": "default"},
+    "sound_gen": False,
+    "action_gen": False,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    seed: int
+    vae_steps: int
+    images: int  # still scenes in the transformer's training set
+    clips: int  # moving scenes in the transformer's training set
+    steps: int  # transformer optimizer steps
+    lr: float
+    eval_seeds: int
+
+
+# -- tokenizer ----------------------------------------------------------------------------------
+
+
+def make_tokenizer(root: Path) -> PromptTokenizer:
+    """Write ``text_tokenizer/`` and load it back through AutoTokenizer, the path the pipeline takes."""
+    write_tokenizer(root / "text_tokenizer", PROMPT_WORDS + scenes.CAPTION_WORDS, vocab_size=VOCAB_SIZE)
+    return PromptTokenizer.from_pretrained(root / "text_tokenizer")
+
+
+VAE_LR = 6e-4  # 1e-3 and above oscillate; below learns shapes too slowly for the time budget
+VAE_STILL_BATCH, VAE_CLIP_BATCH = 16, 4
+VAE_SHAPE_WEIGHT = 4.0
+VAE_STILLS_ONLY = 0.5  # share of the steps spent on stills before clips join (shapes first, then motion)
+
+# -- VAE ----------------------------------------------------------------------------------------
+
+
+def draw_batch(rng: np.random.Generator, count: int, *, moving: bool) -> tuple[list[scenes.Scene], torch.Tensor]:
+    """``count`` random scenes and their pixels ``[B, 3, T, H, W]`` in [-1, 1]."""
+    frames = scenes.FRAMES if moving else 1
+    batch = [scenes.random_scene(rng, moving=moving) for _ in range(count)]
+    pixels = [resize_cover_crop(scenes.draw(s, size=scenes.SIZE, frames=frames, rng=rng), scenes.SIZE, scenes.SIZE)
+              for s in batch]
+    return batch, torch.stack(pixels)
+
+
+def _cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warmup, then cosine decay to a tenth of the peak."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _reconstruction_loss(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """L1 + MSE over ``[B, 3, T, H, W]``, shape pixels weighted up: a shape covers a few percent of a
+    frame, and an unweighted loss lets it fade into the background colour for hundreds of steps."""
+    shape = ((x - x[..., :1, :1]).abs().amax(1, keepdim=True) > 0.05).float()  # the corner is background
+    weight = 1 + VAE_SHAPE_WEIGHT * shape  # [B, 1, T, H, W]
+    error = (y - x).abs() + (y - x) ** 2
+    return (weight * error).mean() / weight.mean()
+
+
+@torch.no_grad()
+def _start_time_as_identity(vae) -> None:
+    """Make a fresh VAE treat a clip as a stack of stills, so clips start from what stills teach.
+
+    Causal 3x3x3 convolutions forget their past-frame taps; a temporal downsample keeps the latest
+    frame of each pair; a temporal upsample repeats each frame. A still never reads any of these
+    weights (its past frames are zero padding), so stills train as before, and a clip starts as the
+    still code of each chunk's last frame, held for the chunk: coarse motion that clip batches refine.
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanResample
+
+    for module in vae.modules():
+        if isinstance(module, WanCausalConv3d) and module.kernel_size == (3, 3, 3):
+            module.weight[:, :, :2] = 0.0  # [out, in, t, h, w]: taps t=0, 1 read the two previous frames
+        if isinstance(module, WanResample) and hasattr(module, "time_conv"):
+            weight = module.time_conv.weight  # [out, in, 3, 1, 1]; upsample: out = 2 * in, one half per new frame
+            weight.zero_()
+            weight[:, :, 2, 0, 0] = torch.eye(weight.shape[1]).repeat(weight.shape[0] // weight.shape[1], 1)
+            module.time_conv.bias.zero_()
+
+
+def train_vae(settings: Settings, rng: np.random.Generator):
+    """A small AutoencoderKLWan trained on drawn scenes: stills first (space), then stills and clips (time).
+
+    The decoder reads the posterior mode, as the pipeline encodes. No KL term:
+    sampling would bury a fresh encoder's small latents under unit noise, and the pipeline normalises
+    latents per channel anyway.
+    """
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(settings.seed)
+    vae = AutoencoderKLWan(**VAE_CONFIG, latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
+    _start_time_as_identity(vae)
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=VAE_LR, betas=(0.9, 0.99), weight_decay=0.0)
+    stills_only = int(settings.vae_steps * VAE_STILLS_ONLY)
+    start = time.perf_counter()
+    for step in range(settings.vae_steps):
+        moving = step >= stills_only and step % 2 == 1
+        _, x = draw_batch(rng, VAE_CLIP_BATCH if moving else VAE_STILL_BATCH, moving=moving)
+        y = vae.decode(vae.encode(x).latent_dist.mode()).sample
+        loss = _reconstruction_loss(y, x)
+        for group in optimizer.param_groups:
+            group["lr"] = _cosine_lr(step, settings.vae_steps, VAE_LR, warmup=20)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        optimizer.step()
+        if step % 100 == 0 or step == settings.vae_steps - 1:
+            print(f"vae step {step}: loss {loss.item():.4f} ({time.perf_counter() - start:.0f}s)", flush=True)
+    return vae.eval()
+
+
+# -- latents ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bucket:
+    """Training samples whose token ids have one length, so they batch: ``latents [N, C, T, H, W]``."""
+
+    moving: bool
+    ids: torch.Tensor  # [N, S]
+    uncond_ids: torch.Tensor  # [S_uncond]: the negative branch the pipeline runs for this kind
+    latents: torch.Tensor
+
+
+def _prompt_ids(tokenizer: PromptTokenizer, caption: str, moving: bool, *, negative: bool) -> list[int]:
+    """Token ids exactly as the pipeline builds them for a toy render of this kind."""
+    frames = scenes.FRAMES if moving else 1
+    spec = PromptSpec(frames=frames, fps=scenes.FPS, height=scenes.SIZE, width=scenes.SIZE)
+    return tokenizer.encode(with_metadata(caption, spec, negative=negative), spec.kind)
+
+
+@torch.no_grad()
+def encode_scenes(vae, tokenizer: PromptTokenizer, rng: np.random.Generator, settings: Settings):
+    """Encode the training scenes (posterior mode), then normalise latents per channel as the pipeline does.
+
+    Returns the buckets and the ``(latents_mean, latents_std)`` to store in ``vae/config.json``.
+    """
+    samples: dict[tuple[bool, int], list] = {}
+    for moving, count in ((False, settings.images), (True, settings.clips)):
+        for first in range(0, count, 32):
+            batch, x = draw_batch(rng, min(32, count - first), moving=moving)
+            mu = vae.encode(x).latent_dist.mode()  # [B, C, T', H', W']
+            for scene, latent in zip(batch, mu):
+                ids = _prompt_ids(tokenizer, scene.caption, moving, negative=False)
+                samples.setdefault((moving, len(ids)), []).append((ids, latent))
+    everything = torch.cat([lat.flatten(1) for group in samples.values() for _, lat in group], dim=1)  # [C, *]
+    mean, std = everything.mean(1), everything.std(1)
+    buckets = []
+    for (moving, _), group in sorted(samples.items()):
+        latents = torch.stack([lat for _, lat in group])
+        uncond = _prompt_ids(tokenizer, "", moving, negative=True)
+        buckets.append(Bucket(moving, torch.tensor([ids for ids, _ in group]), torch.tensor(uncond),
+                              (latents - mean.view(-1, 1, 1, 1)) / std.view(-1, 1, 1, 1)))
+    return buckets, [round(v, 5) for v in mean.tolist()], [round(v, 5) for v in std.tolist()]
+
+
+# -- transformer --------------------------------------------------------------------------------
+
+IMAGE_BATCH, CLIP_BATCH = 32, 12  # about the same number of vision tokens per step
+CFG_DROPOUT = 0.1  # share of batches trained on the negative branch, so classifier-free guidance has an uncond
+EMA_DECAY = 0.998
+SAMPLER_SHIFT = {False: 3.0, True: 10.0}  # the pipeline's flow_shift for images and videos
+
+
+def _training_sigmas(count: int, moving: bool, generator: torch.Generator) -> torch.Tensor:
+    """Half the batch on the sampler's shifted schedule (where sampling spends its steps), half uniform."""
+    u = torch.rand(count, generator=generator)
+    shifted = flow.shift_sigmas(u, SAMPLER_SHIFT[moving])
+    return torch.where(torch.arange(count) % 2 == 0, shifted, u)
+
+
+def _batch(bucket: Bucket, generator: torch.Generator):
+    """(ids [B, S], x0 [B, C, T, H, W]) drawn from one bucket; a CFG-dropout batch uses the negative ids."""
+    size = CLIP_BATCH if bucket.moving else IMAGE_BATCH
+    index = torch.randint(len(bucket.ids), (size,), generator=generator)
+    ids = bucket.ids[index]
+    if torch.rand(1, generator=generator).item() < CFG_DROPOUT:
+        ids = bucket.uncond_ids.expand(size, -1)
+    return ids, bucket.latents[index]
+
+
+def train_transformer(buckets: list[Bucket], settings: Settings):
+    """Flow matching on the encoded scenes; returns the EMA of the weights (what sampling wants)."""
+    from diffusers import Cosmos3OmniTransformer
+
+    torch.manual_seed(settings.seed)
+    model = Cosmos3OmniTransformer(**TRANSFORMER_CONFIG)
+    model.set_attn_processor(flow.BatchedMoTAttnProcessor())
+    ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    generator = torch.Generator().manual_seed(settings.seed)
+    weights = torch.tensor([float(len(b.ids)) for b in buckets])
+    start, running = time.perf_counter(), []
+    for step in range(settings.steps):
+        bucket = buckets[torch.multinomial(weights, 1, generator=generator).item()]
+        ids, x0 = _batch(bucket, generator)
+        sigma = _training_sigmas(len(ids), bucket.moving, generator)
+        noise = torch.randn(x0.shape, generator=generator)
+        loss = flow.loss(model, ids, x0, sigma, noise, scenes.FPS if bucket.moving else None)
+        for group in optimizer.param_groups:
+            group["lr"] = _cosine_lr(step, settings.steps, settings.lr, warmup=100)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 1 - EMA_DECAY)
+        running.append(loss.item())
+        if step % 100 == 0 or step == settings.steps - 1:
+            print(f"transformer step {step}: loss {np.mean(running):.4f} ({time.perf_counter() - start:.0f}s)",
+                  flush=True)
+            running = []
+    return ema
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def write_bf16(root: Path, vae, transformer, tokenizer_dir: Path) -> None:
+    """The BF16 checkpoint in the published layout (the tokenizer was written there already)."""
+    assert tokenizer_dir == root / "text_tokenizer", tokenizer_dir
+    vae.save_pretrained(str(root / "vae"), safe_serialization=True)
+    # Shards small enough that the index exists, as in every published checkpoint.
+    save_transformer(transformer, root / "transformer", max_shard_size="4MB")
+    write_pipeline_files(root, dict(UNIPC_SCHEDULER))
+
+
+def calibration_scenes(seed: int) -> list[tuple[scenes.Scene, int]]:
+    """A spread of stills and clips (every colour, shape, position and motion appears) with their seeds."""
+    rng = np.random.default_rng(seed)
+    return [(scenes.random_scene(rng, moving=i % 2 == 1), seed + i) for i in range(12)]
+
+
+def make_calibrate(root: Path, seed: int):
+    """``calibrate(model)`` for the exporter: full pipeline renders (both CFG branches, every step)."""
+
+    def calibrate(model) -> None:
+        pipe = Cosmos3Pipeline(
+            model=model, vae=WanVAE.from_pretrained(root / "vae", device=torch.device("cpu")),
+            tokenizer=PromptTokenizer.from_pretrained(root / "text_tokenizer"), recipe=load_recipe(root),
+            checkpoint=checkpoint_identity(root), device=torch.device("cpu"), dtype=torch.float32,
+        )
+        for scene, scene_seed in calibration_scenes(seed):
+            pipe(scenes.request(scene, seed=scene_seed))
+
+    return calibrate
+
+
+def evaluate(root: Path, seeds: int, seed: int) -> float:
+    """Share of renders whose pixels show the prompt's colours and position / motion."""
+    pipe = Cosmos3Pipeline.from_pretrained(root, device="cpu")
+    rng = np.random.default_rng(seed + 1)
+    hits = total = 0
+    for moving in (False, True):
+        for i in range(seeds):
+            scene = scenes.random_scene(rng, moving=moving)
+            reading = measure.read(pipe(scenes.request(scene, seed=seed + i)).frames)
+            hits += measure.matches(scene, reading)
+            total += 1
+    return hits / total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "toy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vae-steps", type=int, default=1200)
+    parser.add_argument("--images", type=int, default=6000)
+    parser.add_argument("--clips", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-seeds", type=int, default=20, help="renders per kind in the final check (0: skip)")
+    args = parser.parse_args()
+    settings = Settings(args.seed, args.vae_steps, args.images, args.clips, args.steps, args.lr, args.eval_seeds)
+    start = time.perf_counter()
+    bf16, fp8 = args.out / "bf16", args.out / "fp8"
+    for old in (bf16, fp8):
+        shutil.rmtree(old, ignore_errors=True)
+
+    rng = np.random.default_rng(settings.seed)
+    tokenizer = make_tokenizer(bf16)
+    vae = train_vae(settings, rng)
+    buckets, mean, std = encode_scenes(vae, tokenizer, rng, settings)
+    vae.register_to_config(latents_mean=mean, latents_std=std)
+    transformer = train_transformer(buckets, settings)
+    write_bf16(bf16, vae, transformer, bf16 / "text_tokenizer")
+    export_static_fp8(bf16, fp8, make_calibrate(bf16, settings.seed), step_policy=PUBLISHED_STEP_POLICY, num_shards=2)
+    print(f"wrote {bf16} and {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
+    if settings.eval_seeds:
+        accuracy = evaluate(fp8, settings.eval_seeds, settings.seed)
+        print(f"fp8 renders matching their prompt: {accuracy:.0%} ({time.perf_counter() - start:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
