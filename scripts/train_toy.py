@@ -32,7 +32,13 @@ from cosmos3.pipeline import Cosmos3Pipeline, checkpoint_identity  # noqa: E402
 from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
 from cosmos3.sampling import load_recipe  # noqa: E402
 from cosmos3.toy import flow, measure, scenes  # noqa: E402
-from cosmos3.toy.layout import PROMPT_WORDS, UNIPC_SCHEDULER, save_transformer, write_pipeline_files, write_tokenizer  # noqa: E402
+from cosmos3.toy.layout import (  # noqa: E402
+    PROMPT_WORDS,
+    UNIPC_SCHEDULER,
+    save_transformer,
+    write_pipeline_files,
+    write_tokenizer,
+)
 from cosmos3.vae import WanVAE  # noqa: E402
 
 Z_DIM = 16  # latent channels (48 in the published VAE)
@@ -96,12 +102,12 @@ def make_tokenizer(root: Path) -> PromptTokenizer:
     return PromptTokenizer.from_pretrained(root / "text_tokenizer")
 
 
-VAE_LR = 6e-4  # 1e-3 and above oscillate; below learns shapes too slowly for the time budget
-VAE_STILL_BATCH, VAE_CLIP_BATCH = 16, 4
-VAE_SHAPE_WEIGHT = 4.0
-VAE_STILLS_ONLY = 0.5  # share of the steps spent on stills before clips join (shapes first, then motion)
-
 # -- VAE ----------------------------------------------------------------------------------------
+
+VAE_LR = 6e-4  # 1e-3 and above oscillate; much below learns shapes too slowly for the time budget
+VAE_STILL_BATCH, VAE_CLIP_BATCH = 16, 4
+VAE_SHAPE_WEIGHT = 4.0  # extra loss weight of shape pixels
+VAE_STILLS_ONLY = 0.5  # share of the steps spent on stills before clips join (shapes first, then motion)
 
 
 def draw_batch(rng: np.random.Generator, count: int, *, moving: bool) -> tuple[list[scenes.Scene], torch.Tensor]:
@@ -119,6 +125,16 @@ def _cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _descend(optimizer, loss: torch.Tensor, lr: float) -> None:
+    """One AdamW step at ``lr`` with the gradient norm clipped to 1 (a bad batch cannot throw training off)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], 1.0)
+    optimizer.step()
 
 
 def _reconstruction_loss(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -154,9 +170,8 @@ def _start_time_as_identity(vae) -> None:
 def train_vae(settings: Settings, rng: np.random.Generator):
     """A small AutoencoderKLWan trained on drawn scenes: stills first (space), then stills and clips (time).
 
-    The decoder reads the posterior mode, as the pipeline encodes. No KL term:
-    sampling would bury a fresh encoder's small latents under unit noise, and the pipeline normalises
-    latents per channel anyway.
+    The decoder reads the posterior mode, as the pipeline encodes. No KL term: sampling would bury a
+    fresh encoder's small latents under unit noise, and the pipeline normalises latents per channel.
     """
     from diffusers import AutoencoderKLWan
 
@@ -171,12 +186,7 @@ def train_vae(settings: Settings, rng: np.random.Generator):
         _, x = draw_batch(rng, VAE_CLIP_BATCH if moving else VAE_STILL_BATCH, moving=moving)
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample
         loss = _reconstruction_loss(y, x)
-        for group in optimizer.param_groups:
-            group["lr"] = _cosine_lr(step, settings.vae_steps, VAE_LR, warmup=20)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
-        optimizer.step()
+        _descend(optimizer, loss, _cosine_lr(step, settings.vae_steps, VAE_LR, warmup=20))
         if step % 100 == 0 or step == settings.vae_steps - 1:
             print(f"vae step {step}: loss {loss.item():.4f} ({time.perf_counter() - start:.0f}s)", flush=True)
     return vae.eval()
@@ -270,12 +280,7 @@ def train_transformer(buckets: list[Bucket], settings: Settings):
         sigma = _training_sigmas(len(ids), bucket.moving, generator)
         noise = torch.randn(x0.shape, generator=generator)
         loss = flow.loss(model, ids, x0, sigma, noise, scenes.FPS if bucket.moving else None)
-        for group in optimizer.param_groups:
-            group["lr"] = _cosine_lr(step, settings.steps, settings.lr, warmup=100)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        _descend(optimizer, loss, _cosine_lr(step, settings.steps, settings.lr, warmup=100))
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
                 e.lerp_(p, 1 - EMA_DECAY)
@@ -290,9 +295,8 @@ def train_transformer(buckets: list[Bucket], settings: Settings):
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def write_bf16(root: Path, vae, transformer, tokenizer_dir: Path) -> None:
-    """The BF16 checkpoint in the published layout (the tokenizer was written there already)."""
-    assert tokenizer_dir == root / "text_tokenizer", tokenizer_dir
+def write_bf16(root: Path, vae, transformer) -> None:
+    """The rest of the BF16 checkpoint in the published layout (``make_tokenizer`` wrote ``text_tokenizer/``)."""
     vae.save_pretrained(str(root / "vae"), safe_serialization=True)
     # Shards small enough that the index exists, as in every published checkpoint.
     save_transformer(transformer, root / "transformer", max_shard_size="4MB")
@@ -338,7 +342,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "toy")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vae-steps", type=int, default=1200)
+    parser.add_argument("--vae-steps", type=int, default=1500)
     parser.add_argument("--images", type=int, default=6000)
     parser.add_argument("--clips", type=int, default=3000)
     parser.add_argument("--steps", type=int, default=3000)
@@ -357,7 +361,7 @@ def main() -> None:
     buckets, mean, std = encode_scenes(vae, tokenizer, rng, settings)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     transformer = train_transformer(buckets, settings)
-    write_bf16(bf16, vae, transformer, bf16 / "text_tokenizer")
+    write_bf16(bf16, vae, transformer)
     export_static_fp8(bf16, fp8, make_calibrate(bf16, settings.seed), step_policy=PUBLISHED_STEP_POLICY, num_shards=2)
     print(f"wrote {bf16} and {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
     if settings.eval_seeds:
