@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from cosmos3.pipeline import Cosmos3Pipeline
 from cosmos3.toy import measure, scenes
@@ -62,6 +63,17 @@ class Renders:
                 self._pipelines[variant] = Cosmos3Pipeline.from_pretrained(ROOT / folder, step_precision=step_precision)
             self._frames[key] = self._pipelines[variant](scenes.request(scene, seed=seed)).frames
         return self._frames[key]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Render on one thread. The toy is small enough that a second thread saves only a third, and on
+    shared CI cores OpenMP threads spin-wait for each other: measured here, a still took 3.6 s on two
+    threads next to one busy process against 1.3 s on one thread (0.6 s alone)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
