@@ -96,21 +96,26 @@ class CheckpointFiles:
     def __contains__(self, key: str) -> bool:
         return key in self._where
 
-    def get(self, key: str) -> torch.Tensor:
+    def _handle(self, key: str):
+        """(open shard, key as stored); each shard's header is parsed once, on first use."""
         path, raw_key = self._where[key]
         if path not in self._handles:
             self._handles[path] = safe_open(path, framework="pt", device=self.device)
-        return self._handles[path].get_tensor(raw_key)
+        return self._handles[path], raw_key
+
+    def _slice(self, key: str):
+        handle, raw_key = self._handle(key)
+        return handle.get_slice(raw_key)
+
+    def get(self, key: str) -> torch.Tensor:
+        handle, raw_key = self._handle(key)
+        return handle.get_tensor(raw_key)
 
     def dtype_of(self, key: str) -> torch.dtype:
-        path, raw_key = self._where[key]
-        with safe_open(path, framework="pt") as f:
-            return _DTYPES[f.get_slice(raw_key).get_dtype()]
+        return _DTYPES[self._slice(key).get_dtype()]
 
     def shape_of(self, key: str) -> tuple[int, ...]:
-        path, raw_key = self._where[key]
-        with safe_open(path, framework="pt") as f:
-            return tuple(f.get_slice(raw_key).get_shape())
+        return tuple(self._slice(key).get_shape())
 
 
 class TensorDict:
@@ -182,9 +187,8 @@ def load_checkpoint(model: torch.nn.Module, files: CheckpointFiles | TensorDict)
             f"{files.directory}: {len(problems)} checkpoint problem(s):\n  " + "\n  ".join(problems)
         )
 
-    state = model.state_dict()
-    for name in plain:
-        state[name].copy_(files.get(name).to(state[name].dtype))
+    for name, tensor in plain.items():  # state_dict() tensors share the parameters' storage
+        tensor.copy_(files.get(name).to(tensor.dtype))
     for name, linear in linears.items():
         shards = {}
         for shard, prefix in _linear_sources(name, linear):
@@ -211,9 +215,10 @@ def _check_static_destinations(linears: dict[str, Linear], files: CheckpointFile
         if not linear.quant_method.shares_input_quant:
             continue
         key = f"{name}.weight"
-        if key in files and files.dtype_of(key) != FP8:
+        dtype = files.dtype_of(key) if key in files else FP8
+        if dtype != FP8:
             raise CheckpointError(
-                f"{files.directory}: config.json declares ModelOpt static FP8 but {key} is {files.dtype_of(key)}; "
+                f"{files.directory}: config.json declares ModelOpt static FP8 but {key} is {dtype}; "
                 "a static recipe cannot run an unquantized checkpoint (drop quantization_config, or export the "
                 "model with cosmos3.fp8_export.export_static_fp8)"
             )
