@@ -24,15 +24,16 @@ class LaunchParams:
     vectors_per_thread: int  # 1, 2 or 4; threads * vectors_per_thread <= 1024 (the kernel's launch bounds)
 
 
-# Any arch without a row: 128-thread blocks of two vectors per thread, within 4% of the best config for both
+# Any arch without a row: 128-thread blocks of two vectors per thread, within 8% of the best config for both
 # ops on the H200 and needing only 16 resident blocks per SM for full occupancy (64-thread blocks need 32).
 DEFAULT: dict[str, LaunchParams] = {op: LaunchParams(threads=128, vectors_per_thread=2) for op in OPS}
 
 # sm_90 (H200) was measured with benchmarks/sweep_swiglu_launch.py on an H200 (132 SMs, torch 2.11+cu130,
-# CUDA 13.0), M x I = 32760 x 16384 bf16, twice on 2026-11-30 with the same winner. silu_and_mul_2in, FP8
-# out: 64x2 0.726 ms (86% of the 4.30 TB/s copy) against 128x2 0.752, 256x1 0.813, 1024x1 1.159 ms;
-# quantize_fp8: 64x2 0.382 ms (98%) against 128x2 0.387, 256x1 0.417 ms.
-_H200 = {op: LaunchParams(threads=64, vectors_per_thread=2) for op in OPS}
+# CUDA 13.0), M x I = 32760 x 16384 bf16, on 2026-11-30 after the kernel's division became Newton steps.
+# silu_and_mul_2in, FP8 out: 64x4 0.649 ms (96.7% of the 4.27 TB/s copy) against 256x4 0.665, 64x2 0.691,
+# 128x2 0.694, 1024x1 0.876 ms; quantize_fp8: 64x2 0.386 ms (97.7%) against 128x2 0.388, 256x1 0.418 ms.
+_H200 = {"silu_and_mul_2in": LaunchParams(threads=64, vectors_per_thread=4),
+         "quantize_fp8": LaunchParams(threads=64, vectors_per_thread=2)}
 
 TABLE: dict[int, dict[str, LaunchParams]] = {
     90: _H200,

@@ -18,12 +18,14 @@ the op again; a backend (CUDA) kernel takes precedence over CompositeExplicitAut
 call goes straight to C++.
 
 Bit-exact CPU impls. The kernels evaluate a fixed sequence of correctly rounded fp32 operations (explicit
-fmaf, no compiler contraction, and a polynomial 2^x of our own instead of expf, whose last bit differs from
-the CPU's exp), and the CPU impls below run the same sequence with torch ops (fmaf exactly, through fp64), so
-CPU and CUDA agree bit for bit on every input (NaN payloads aside). With FP8 output the scale joins the
-denominator, (g' * (u' + beta)) / ((1 + exp(-alpha * g')) * scale), so an element costs one division. The
-fp32 result is within a few ulps of the exact formula (plus |alpha * g| ulps from rounding the exponent's
-coefficient).
+fmaf, no compiler contraction, a polynomial 2^x of our own instead of expf, whose last bit differs from the
+CPU's exp, and a reciprocal by Newton steps instead of a division, which costs the GPU a slow-path branch per
+element), and the CPU impls below run the same sequence with torch ops (fmaf exactly, through fp64), so CPU
+and CUDA agree bit for bit on every input (NaN payloads aside). silu_and_mul_2in computes
+(g' * (u' + beta)) * sigmoid(alpha * g'), sigmoid = 1 / (1 + exp(-alpha * g')) to within 0.5005 ulp, and for
+FP8 output multiplies that by fp32(1 / scale), rounded once per call. The fp32 result is within a few ulps of
+the exact formula (plus |alpha * g| ulps from rounding the exponent's coefficient); for g < -86.6 / alpha,
+where the exact value is below 2e-38 * |g * (u + beta)|, sigmoid is held at 2^-125.5.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 LOG2E_F32 = float.fromhex("0x1.715476p+0")  # log2(e) rounded to fp32
 EXP2_COEFFS = tuple(float.fromhex(c) for c in ("0x1.62e42ap-1", "0x1.ebf9bcp-3", "0x1.c6b754p-5",
                                                "0x1.3cea8ap-7", "0x1.5bb9fep-10"))  # c1..c5
-EXP2_MIN, EXP2_MAX = -125.0, 127.0  # the exponent's range: keeps 2^round(t) * p a normal float
+EXP2_MIN, EXP2_MAX = -125.0, 125.0  # the exponent's range: 2^round(t) * p normal, 1 + 2^t <= 2^125.5
+RECIP_SEED = 0x7EF311C3  # 1 / d ~= float(RECIP_SEED - bits(d)) within 12% for d in [1, 2^125.5]
+NEWTON_STEPS = 3  # each squares the seed's relative error: 0.12 -> 1.4e-2 -> 2.1e-4 -> within 0.5005 ulp
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 
@@ -136,7 +140,7 @@ def _f32(x: float) -> float:
     return torch.tensor(x, dtype=torch.float32).item()
 
 
-def _fma_f32(a: torch.Tensor, b: torch.Tensor | float, c: float) -> torch.Tensor:
+def _fma_f32(a: torch.Tensor, b: torch.Tensor | float, c: torch.Tensor | float) -> torch.Tensor:
     """fmaf(a, b, c) for fp32 ``a``, ``b``, ``c``, correctly rounded. The product is exact in fp64; the sum is
     rounded to odd there (an inexact sum gets an odd last bit), which makes the final rounding to fp32 correct
     (Boldo and Melquiond, "When double rounding is odd", 2005)."""
@@ -175,35 +179,48 @@ def _exp_neg_alpha_g(g: torch.Tensor, alpha: float) -> torch.Tensor:
     return (p.view(torch.int32) + (n.to(torch.int32) << 23)).view(torch.float32)
 
 
+def _reciprocal(d: torch.Tensor) -> torch.Tensor:
+    """1 / d for fp32 ``d`` in [1, 2^125.5], as the kernel's reciprocal: an integer seed, then Newton steps
+    r += r * (1 - d * r), each a pair of fmaf."""
+    r = (RECIP_SEED - d.view(torch.int32)).view(torch.float32)
+    for _ in range(NEWTON_STEPS):
+        r = _fma_f32(r, _fma_f32(-d, r, 1.0), r)
+    return r
+
+
+def _sigmoid(g: torch.Tensor, alpha: float) -> torch.Tensor:
+    """sigmoid(alpha * g) for fp32 ``g``, as the kernel: 1 / (1 + exp(-alpha * g))."""
+    return _reciprocal(_exp_neg_alpha_g(g, alpha) + 1.0)
+
+
 @functools.lru_cache(maxsize=16)
-def _exp_table(dtype: torch.dtype, alpha: float) -> torch.Tensor:
-    """exp(-alpha * g) for all 65536 values g of a 16-bit dtype, indexed by g's bits as int16 + 32768."""
+def _sigmoid_table(dtype: torch.dtype, alpha: float) -> torch.Tensor:
+    """sigmoid(alpha * g) for all 65536 values g of a 16-bit dtype, indexed by g's bits as int16 + 32768."""
     every_value = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
-    return _exp_neg_alpha_g(every_value.float(), alpha)
+    return _sigmoid(every_value.float(), alpha)
 
 
-def _exp_of_gate(gate: torch.Tensor, alpha: float) -> torch.Tensor:
-    """exp(-alpha * gate) in fp32; a 16-bit gate reads it from _exp_table (the same bits, ~20x less work)."""
+def _sigmoid_of_gate(gate: torch.Tensor, alpha: float) -> torch.Tensor:
+    """sigmoid(alpha * gate) in fp32; a 16-bit gate reads it from _sigmoid_table (the same bits, far less work)."""
     if gate.dtype == torch.float32:
-        return _exp_neg_alpha_g(gate, alpha)
-    return _exp_table(gate.dtype, alpha)[gate.view(torch.int16).int() + (1 << 15)]
+        return _sigmoid(gate, alpha)
+    return _sigmoid_table(gate.dtype, alpha)[gate.view(torch.int16).int() + (1 << 15)]
 
 
 def _swiglu_f32(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None, limit: float | None,
                 alpha: float, beta: float) -> torch.Tensor:
     """silu_and_mul_2in before the output rounding; see SwigluOp in the kernel."""
     g, u = gate.float(), up.float()
-    e = _exp_of_gate(gate, alpha)
+    sigmoid = _sigmoid_of_gate(gate, alpha)
     if limit is not None:
         limit32 = _f32(limit)
-        e = torch.where(g > limit32, _exp_neg_alpha_g(g.new_tensor([limit32]), alpha), e)  # exp at g' = limit
+        sigmoid = torch.where(g > limit32, _sigmoid(g.new_tensor([limit32]), alpha), sigmoid)  # at g' = limit
         g = g.clamp(max=limit32)
         u = u.clamp(-limit32, limit32)
-    num = g * (u + _f32(beta))
-    den = e + 1.0
+    out = g * (u + _f32(beta)) * sigmoid
     if scale is not None:
-        den = den * scale.reshape(())  # the scale folds into the denominator: one division per element
-    return num / den
+        out = out * (1.0 / scale.reshape(()))  # fp32(1 / scale), as the kernel's scale_operand
+    return out
 
 
 def _to_fp8(y: torch.Tensor) -> torch.Tensor:

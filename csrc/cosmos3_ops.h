@@ -34,8 +34,8 @@ struct SwigluScalars {
 SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit);
 
 // out = g' * sigmoid(alpha * g') * (u' + beta), with g' = min(g, limit), u' = clamp(u, -limit, limit) when
-// has_limit. With scale != nullptr the result is divided by *scale and stored as saturated FP8 e4m3;
-// otherwise out_dtype must equal in_dtype.
+// has_limit. With scale != nullptr the result is multiplied by fp32(1 / *scale) and stored as saturated FP8
+// e4m3; otherwise out_dtype must equal in_dtype.
 cudaError_t silu_and_mul_2in(const void* gate,     // [n] in_dtype
                              const void* up,       // [n] in_dtype
                              void* out,            // [n] out_dtype

@@ -1,13 +1,17 @@
 // silu_and_mul_2in: SwiGLU from separate gate and up tensors (static-FP8 Cosmos3 keeps gate_proj and up_proj
-// split), out = g' * sigmoid(alpha * g') * (u' + beta), optionally divided by a per-tensor scale and stored as
-// FP8 e4m3 straight for down_proj.
+// split), out = g' * sigmoid(alpha * g') * (u' + beta), optionally multiplied by 1 / scale and stored as FP8
+// e4m3 straight for down_proj.
 //
 // Bit-exact CPU reference: every fp32 operation below is a single correctly rounded IEEE operation (the _rn
-// intrinsics also keep nvcc from contracting or reordering them), and the exponential is our own polynomial
-// rather than expf, whose last bit differs from the CPU's exp for some inputs. cosmos3/ops.py evaluates the same
-// sequence with torch ops (each fmaf exactly, through fp64) and gets the same bits for every input.
+// intrinsics also keep nvcc from contracting or reordering them), and the exponential and the reciprocal are
+// our own (a polynomial 2^x and Newton steps), not expf and a division: expf's last bit differs from the
+// CPU's exp for some inputs, and an IEEE division costs a MUFU.RCP, five FMAs and a per-element slow-path
+// branch, which left the FP8 path instruction-bound at 86-89% of copy bandwidth on the H200 (97-104% with
+// Newton steps). cosmos3/ops.py evaluates the same sequence with torch ops (each fmaf exactly, through fp64)
+// and gets the same bits for every input.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "cosmos3_ops.h"
 #include "vec_fp8.cuh"
@@ -29,10 +33,16 @@ constexpr float kExp2C5 = 0x1.5bb9fep-10f;
 // integer in the low mantissa bits.
 constexpr float kRoundMagic = 0x1.8p23f;
 // The exponent t = g * exp2_coef is kept in [kExp2Min, kExp2Max] (by clamping g), so that 2^round(t) * p stays
-// a normal float and adding round(t) to p's exponent field is exact. Past these bounds sigmoid is already 1
-// (t <= -125) or below 1e-38 (t >= 127).
+// a normal float, adding round(t) to p's exponent field is exact, and 1 + 2^t <= 2^125.5 has a normal
+// reciprocal that kRecipSeed can seed. Past these bounds sigmoid is already 1 (t <= -125) or below 2^-125
+// (t >= 125: for g < -86.6 / alpha, silu(g) is held at g * 2^-125.5).
 constexpr double kExp2Min = -125.0;
-constexpr double kExp2Max = 127.0;
+constexpr double kExp2Max = 125.0;
+// 1 / d for d in [1, 2^125.5]: the integer seed kRecipSeed - bits(d) is within 12% of 1 / d (it negates d's
+// exponent and roughly inverts the mantissa); each Newton step r += r * (1 - d * r) squares the relative
+// error, so three reach at most 0.5005 ulp (correctly rounded for 99.98% of d).
+constexpr uint32_t kRecipSeed = 0x7EF311C3u;
+constexpr int kNewtonSteps = 3;
 
 // exp(-alpha * g) = 2^(g * exp2_coef) as 2^n * p(f), n = round(g * exp2_coef), f = g * exp2_coef - n.
 __device__ __forceinline__ float exp_neg_alpha_g(float g, const SwigluScalars& s) {
@@ -48,6 +58,14 @@ __device__ __forceinline__ float exp_neg_alpha_g(float g, const SwigluScalars& s
   return __uint_as_float(__float_as_uint(p) + (__float_as_uint(rounded) << 23));
 }
 
+// 1 / d for d in [1, 2^125.5] (see kRecipSeed), with FMAs and one integer subtraction only.
+__device__ __forceinline__ float reciprocal(float d) {
+  float r = __uint_as_float(kRecipSeed - __float_as_uint(d));
+#pragma unroll
+  for (int i = 0; i < kNewtonSteps; ++i) r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.f), r);
+  return r;
+}
+
 // NaN-propagating min/max (PTX min.NaN, sm_80+), like torch.clamp; fminf would replace a NaN by the bound.
 __device__ __forceinline__ float min_nan(float a, float b) {
   float r;
@@ -60,24 +78,24 @@ __device__ __forceinline__ float max_nan(float a, float b) {
   return r;
 }
 
-// One element. The FP8 path folds the scale into the denominator, (g * (u + beta)) / ((1 + e) * scale), so an
-// element costs one division.
+// One element: (g * (u + beta)) * sigmoid(alpha * g), then, for FP8, times 1 / scale (rounded to fp32 once
+// per thread by scale_operand).
 template <bool kLimit, bool kScaled>
 struct SwigluOp {
   SwigluScalars s;
 
-  __device__ __forceinline__ float operator()(const float (&x)[2], float scale) const {
+  __device__ __forceinline__ float scale_operand(float scale) const { return __frcp_rn(scale); }
+
+  __device__ __forceinline__ float operator()(const float (&x)[2], float inv_scale) const {
     float g = x[0];
     float u = x[1];
     if constexpr (kLimit) {
       g = min_nan(g, s.limit);
       u = min_nan(max_nan(u, -s.limit), s.limit);
     }
-    const float e = exp_neg_alpha_g(g, s);
-    const float num = __fmul_rn(g, __fadd_rn(u, s.beta));
-    float den = __fadd_rn(e, 1.f);
-    if constexpr (kScaled) den = __fmul_rn(den, scale);
-    return __fdiv_rn(num, den);
+    const float sigmoid = reciprocal(__fadd_rn(exp_neg_alpha_g(g, s), 1.f));
+    const float out = __fmul_rn(__fmul_rn(g, __fadd_rn(u, s.beta)), sigmoid);
+    return kScaled ? __fmul_rn(out, inv_scale) : out;
   }
 };
 

@@ -86,14 +86,16 @@ struct Inputs {
   const In* ptr[kInputs];
 };
 
-// out[i] = op(inputs[...][i] as fp32, *scale) for i < n. Thread t of block b owns the vectors
-// b * blockDim * kVecsPerThread + t + k * blockDim (k < kVecsPerThread), so each warp touches contiguous
-// 512-byte runs; all of a thread's loads are issued before its first use to keep them in flight together.
-// The n % kVec elements past the last whole vector go to the first threads of block 0.
+// out[i] = op(inputs[...][i] as fp32, op.scale_operand(*scale)) for i < n, with 1 for a null scale. The scale
+// is read on the device (CUDA-graph replays see in-place updates) and made the op's operand once per thread.
+// Thread t of block b owns the vectors b * blockDim * kVecsPerThread + t + k * blockDim (k < kVecsPerThread),
+// so each warp touches contiguous 512-byte runs; all of a thread's loads are issued before its first use to
+// keep them in flight together. The n % kVec elements past the last whole vector go to the first threads of
+// block 0.
 template <int kVec, int kVecsPerThread, typename In, int kInputs, typename Out, typename Op>
 __global__ void __launch_bounds__(1024 / kVecsPerThread)
     map_kernel(Inputs<In, kInputs> in, Out* __restrict__ out, const float* __restrict__ scale, int64_t n, Op op) {
-  const float s = scale == nullptr ? 1.f : *scale;
+  const float s = scale == nullptr ? 1.f : op.scale_operand(*scale);
   const int64_t n_vec = n / kVec;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x * kVecsPerThread + threadIdx.x;
 

@@ -124,6 +124,14 @@ def _np_fma(a, b, c) -> np.ndarray:
     return t.astype(np.float32)
 
 
+def _np_reciprocal(d: np.ndarray) -> np.ndarray:
+    """1 / d from the seed 0x7EF311C3 - bits(d) and three Newton steps r + r * (1 - d * r), each one fma."""
+    r = (np.int64(0x7EF311C3) - d.view(np.int32).astype(np.int64)).astype(np.int32).view(np.float32)
+    for _ in range(3):
+        r = _np_fma(r, _np_fma(-d, r, 1.0), r)
+    return r
+
+
 def _np_swiglu(g: np.ndarray, u: np.ndarray, scale: float | None, limit: float | None, alpha: float,
                beta: float) -> np.ndarray:
     """float32 numpy, one rounding per operation; scaling by ldexp where the kernel adds to the exponent field."""
@@ -133,17 +141,16 @@ def _np_swiglu(g: np.ndarray, u: np.ndarray, scale: float | None, limit: float |
             g = np.where(g > f32(limit), f32(limit), g)
             u = np.where(u < -f32(limit), -f32(limit), np.where(u > f32(limit), f32(limit), u))
         coef = f32(f32(-alpha) * f32(np.log2(np.e)))
-        bounds = sorted((f32(-125.0 / float(coef)), f32(127.0 / float(coef)))) if coef else (-np.inf, np.inf)
+        bounds = sorted((f32(-125.0 / float(coef)), f32(125.0 / float(coef)))) if coef else (-np.inf, np.inf)
         x = np.fmin(np.fmax(g, f32(bounds[0])), f32(bounds[1])).astype(np.float64) * float(coef)
         n = np.rint(x)
         f = (x - n).astype(np.float32)
         p = _np_fma(ops.EXP2_COEFFS[4], f, ops.EXP2_COEFFS[3])
         for c in (*ops.EXP2_COEFFS[2::-1], 1.0):
             p = _np_fma(p, f, c)
-        den = np.ldexp(p, n.astype(np.int32)) + f32(1)
-        if scale is not None:
-            den = den * f32(scale)
-        return (g * (u + f32(beta))) / den
+        sigmoid = _np_reciprocal(np.ldexp(p, n.astype(np.int32)) + f32(1))
+        out = (g * (u + f32(beta))) * sigmoid
+        return out if scale is None else out * (f32(1) / f32(scale))
 
 
 def _np_reference(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None, **kwargs) -> torch.Tensor:
@@ -225,6 +232,21 @@ def test_constants_agree_with_the_kernel():
     assert float.fromhex(re.search(r"constexpr float kLog2e = " + hex_float, source).group(1)) == ops.LOG2E_F32
     bounds = [float(b) for b in re.findall(r"constexpr double kExp2M(?:in|ax) = ([-0-9.]+);", source)]
     assert bounds == [ops.EXP2_MIN, ops.EXP2_MAX]
+    assert int(re.search(r"constexpr uint32_t kRecipSeed = (0x[0-9A-Fa-f]+)u;", source).group(1), 16) == ops.RECIP_SEED
+    assert int(re.search(r"constexpr int kNewtonSteps = (\d+);", source).group(1)) == ops.NEWTON_STEPS
+
+
+def test_reciprocal_is_within_half_an_ulp_over_its_whole_range():
+    """Every mantissa at the two exponents the seed's error cycles through (it repeats every other binade),
+    plus the top of the range, 2^125.5 (1 + 2^125 * sqrt(2) as the exponential can reach it)."""
+    mantissas = np.arange(1 << 23, dtype=np.int64)
+    d = np.concatenate([((127 + e) << 23 | mantissas).astype(np.int32).view(np.float32) for e in (0, 1)]
+                       + [np.float32([2.0 ** 125.5, 2.0 ** 124])])
+    r = ops._reciprocal(torch.from_numpy(d)).numpy().astype(np.float64)
+    exact = 1 / d.astype(np.float64)
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert (np.abs(r - exact) / ulp).max() < 0.5006
+    np.testing.assert_array_equal(r.astype(np.float32), _np_reciprocal(d))
 
 
 def _exact_fma_f32(a: float, b: float, c: float) -> float:
