@@ -133,7 +133,7 @@ def main() -> None:
 
     # The farm logs every event; here only the table matters.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    ray.init(num_gpus=args.gpus, num_cpus=args.gpus, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_gpus=args.gpus, num_cpus=args.gpus, include_dashboard=False, log_to_driver=False,
              logging_level=logging.WARNING)
     print(_machine())
     print(f"{args.gpus} logical GPUs, {args.jobs} jobs per row, {STEPS} fake steps per job, PNG 16x16 outputs\n")

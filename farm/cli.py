@@ -218,8 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--address", help="Ray cluster to join (default: start one here, dashboard on 127.0.0.1)")
-    sub.add_argument("--workers", type=int, help="CPU workers when the cluster has no GPUs (default 1); "
-                                                 "else at most this many GPU workers")
+    sub.add_argument("--workers", type=int,
+                     help="CPU workers when the cluster has no GPUs (default 1); else this many GPU workers "
+                          "(default: one per GPU, and more as GPU nodes join mid-run)")
     sub.add_argument("--accelerator-type", help="only use GPUs of this type, e.g. B200 or H200")
     sub.add_argument("--force", action="store_true", help="render jobs that are already done")
     sub.add_argument("--pipeline", type=_factory, default="worker.actor:cosmos3_factory", metavar="MODULE:FUNC",

@@ -6,6 +6,7 @@ no GPUs gets CPU workers instead, for the demo.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import ray
 
 from farm.errors import ClusterError
 from farm.manifest import ModelSpec
-from farm.scheduler import Launch
+from farm.scheduler import Capacity, Launch
 from worker.actor import PipelineFactory, RenderWorker
 
 
@@ -48,7 +49,9 @@ def connect(address: str | None) -> Connection:
         if address:
             context = ray.init(address=address)
         else:
-            context = ray.init(include_dashboard=True, dashboard_host="127.0.0.1")
+            # "local": a new cluster even when one started by `ray start` runs on this machine (plain
+            # ray.init() would join the newest of those instead).
+            context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}") from err
     url = context.dashboard_url
@@ -98,6 +101,14 @@ def plan_workers(workers: int | None, accelerator_type: str | None) -> WorkerPla
     # CPU workers split the cores, so torch's threads in one worker do not fight another's.
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // count)
     return WorkerPlan(count, 0, cpus, None)
+
+
+def capacity(plan: WorkerPlan, workers: int | None) -> Capacity | None:
+    """The cluster's GPUs of the plan's type, counted again as nodes join mid-run, so the pool grows with them;
+    None (a fixed pool) for CPU workers and when `workers` caps the pool."""
+    if not plan.num_gpus or workers:
+        return None
+    return functools.partial(_gpus, plan.accelerator_type)
 
 
 def launcher(plan: WorkerPlan, model: ModelSpec, factory: PipelineFactory, origin: dict) -> Launch:

@@ -96,11 +96,11 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
     try:
         plan = cluster.plan_workers(options.workers, options.accelerator_type)
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name}
-        settings = Settings(options.init_failure_budget or plan.count, options.start_timeout)
+        settings = Settings(options.init_failure_budget, options.start_timeout)
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
                  workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
         scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
-                              settings, log, RunMetrics(manifest.name))
+                              settings, log, RunMetrics(manifest.name), cluster.capacity(plan, options.workers))
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted
         log.emit("run_finished", **_counts(report))

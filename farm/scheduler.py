@@ -12,6 +12,8 @@ Failure policies (reference/farm-anchors.md §6):
 - a worker that fails to start is started again, until RETIRE_AFTER starts in a row failed, or the run's
   init-failure budget is spent, so one bad GPU neither stops the run nor loops forever;
 - Ctrl-C kills the workers and puts in-flight jobs back as pending: nothing half-written is kept.
+
+The pool grows while jobs are pending: GPUs of nodes that join mid-run get workers of their own (`capacity`).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ KILL_WAIT = 30.0  # seconds to wait for a killed worker's process to be gone
 
 @dataclass(frozen=True)
 class Settings:
-    init_failure_budget: int  # worker starts that may fail in one run before no more restarts are tried
+    init_failure_budget: int | None  # worker starts that may fail in one run; None: one per worker slot
     start_timeout: float = 900.0  # seconds for a worker to load its model; longer counts as a failed start
     poll: float = 1.0  # longest single wait, so deadlines are checked while nothing finishes
+    grow_every: float = 5.0  # seconds between looks at the cluster for GPUs that joined (one GCS call each)
 
 
 @dataclass(eq=False)
@@ -74,6 +77,7 @@ class Outcome:
 
 
 Launch = Callable[[int], Any]  # slot index -> a new RenderWorker actor handle
+Capacity = Callable[[], int]  # how many workers the cluster holds now (its GPUs)
 
 
 def _rank(job: Job) -> tuple[int, int]:
@@ -92,8 +96,10 @@ def describe(err: BaseException) -> str:
 
 class Scheduler:
     def __init__(self, jobs: list[Job], launch: Launch, workers: int, settings: Settings,
-                 log: RunLog, metrics: RunMetrics):
+                 log: RunLog, metrics: RunMetrics, capacity: Capacity | None = None):
         self.launch, self.settings, self.log, self.metrics = launch, settings, log, metrics
+        self.capacity = capacity  # None: the pool keeps its first size
+        self.next_growth_check = 0.0  # monotonic
         self.run_id = log.run_id
         self.slots = [Slot(i) for i in range(workers)]
         self.pending: list[Job] = sorted(jobs, key=_rank)
@@ -112,6 +118,7 @@ class Scheduler:
             for slot in self.slots:
                 self._start(slot)
             while self.pending or self.inflight:
+                self._grow()
                 self._dispatch()
                 if not self.inflight and not self.starting:
                     self._abandon("no worker left to run it (all retired or failed to start)")
@@ -262,6 +269,20 @@ class Scheduler:
         slot.started = time.monotonic()
         self.starting[slot.actor.ready.remote()] = slot
 
+    def _grow(self) -> None:
+        """Starts a worker for every GPU beyond the slots this run has had. Retired slots count, so a bad GPU
+        is not refilled, and so do slots whose node was lost: their restarted actors wait for a GPU, and a
+        node that joins later gets those first."""
+        now = time.monotonic()
+        if self.capacity is None or not self.pending or now < self.next_growth_check:
+            return
+        self.next_growth_check = now + self.settings.grow_every
+        for index in range(len(self.slots), self.capacity()):
+            slot = Slot(index)
+            self.slots.append(slot)
+            self.log.emit("worker_added", slot=index)
+            self._start(slot)
+
     def _restart(self, slot: Slot) -> None:
         self._kill([slot])
         self._start(slot)
@@ -278,7 +299,8 @@ class Scheduler:
         slot.failed_starts += 1
         self.log.emit("worker_init_failed", slot=slot.index, error=error, in_a_row=slot.failed_starts,
                       run_total=self.failed_starts)
-        if slot.failed_starts >= RETIRE_AFTER or self.failed_starts >= self.settings.init_failure_budget:
+        budget = self.settings.init_failure_budget or len(self.slots)  # slots added mid-run bring their own
+        if slot.failed_starts >= RETIRE_AFTER or self.failed_starts >= budget:
             self._retire(slot, f"could not start: {error}")
         else:
             self._restart(slot)

@@ -66,6 +66,13 @@ def events(root: Path, name: str = "test") -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def started_on(root: Path, node_id: str) -> list[str]:
+    """Keys of the jobs whose attempts started on node `node_id`, in order (none before the event log exists)."""
+    if not (root / ".farm" / "test" / "events.jsonl").exists():
+        return []
+    return [e["key"] for e in events(root) if e["event"] == "job_started" and e["node"] == node_id]
+
+
 def state(root: Path, name: str = "test") -> dict:
     return json.loads((root / ".farm" / name / "state.json").read_text())
 
@@ -73,7 +80,7 @@ def state(root: Path, name: str = "test") -> dict:
 @contextlib.contextmanager
 def local_cluster(**resources: Any) -> Iterator[None]:
     """One Ray cluster for a test module: starting one costs seconds, so modules share it."""
-    ray.init(include_dashboard=False, **resources)
+    ray.init(address="local", include_dashboard=False, **resources)  # never another test run's cluster
     try:
         yield
     finally:

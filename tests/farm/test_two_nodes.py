@@ -1,8 +1,9 @@
-"""A two-node cluster (`ray.cluster_utils.Cluster`) loses a node mid-run; the driver runs as `farm submit`."""
+"""Nodes leave and join a `ray.cluster_utils.Cluster` mid-run; the driver runs as `farm submit` in its own process."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from tests.farm.helpers import events, output_files, state, temp_files, write_manifest
+from tests.farm.helpers import events, output_files, started_on, state, temp_files, write_manifest
 
 REPO = Path(__file__).parents[2]
 JOBS = [{"id": f"clip{i}", "prompt": f"shot {i}"} for i in range(6)]  # ~1 s each with 100 fake steps
@@ -19,41 +20,85 @@ JOBS = [{"id": f"clip{i}", "prompt": f"shot {i}"} for i in range(6)]  # ~1 s eac
 
 @pytest.fixture(scope="module")
 def cluster():
+    """The head node, with one GPU; each test adds the nodes it needs and removes them. Tests start with
+    `wait_for_nodes`: a node removed by an earlier test must be dead to Ray too, or it is counted as GPUs."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
-    second = cluster.add_node(num_cpus=2, num_gpus=1)
-    cluster.wait_for_nodes()
-    yield cluster, second
+    yield cluster
     cluster.shutdown()
 
 
-def _started_on(root: Path, node_id: str) -> list[str]:
-    path = root / ".farm/test/events.jsonl"
-    if not path.exists():
-        return []
-    return [e["key"] for e in events(root) if e["event"] == "job_started" and e["node"] == node_id]
+def _submit(path: Path, cluster: Cluster | None) -> subprocess.Popen:
+    """`farm submit` on `cluster`, or without --address (and without RAY_ADDRESS) when it is None."""
+    command = [sys.executable, "-m", "farm", "submit", str(path), "--pipeline", "worker.fake:factory",
+               "--no-progress", "--start-timeout", "60"]
+    command += ["--address", cluster.address] if cluster else []
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_until(condition, run: subprocess.Popen, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline and run.poll() is None, f"{what} did not happen"
+        time.sleep(0.1)
+
+
+def _assert_every_job_done_once(root: Path, jobs: list[dict]) -> None:
+    assert {entry["state"] for entry in state(root)["jobs"].values()} == {"done"}
+    media = sorted(f"test/{job['id']}_s0.mp4" for job in jobs)
+    assert output_files(root) == sorted(media + [m + ".json" for m in media]) and not temp_files(root)
 
 
 def test_a_node_removed_mid_run_loses_no_render_and_duplicates_none(cluster, tmp_path):
-    cluster, second = cluster
+    second = cluster.add_node(num_cpus=2, num_gpus=1)
+    cluster.wait_for_nodes(timeout=60)
     path = write_manifest(tmp_path, JOBS, defaults={"steps": 100})
     root = tmp_path / "out"
-    command = [sys.executable, "-m", "farm", "submit", str(path), "--address", cluster.address,
-               "--pipeline", "worker.fake:factory", "--no-progress", "--start-timeout", "60"]
-    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = _submit(path, cluster)
 
-    deadline = time.monotonic() + 60
-    while not _started_on(root, second.node_id):
-        assert time.monotonic() < deadline and run.poll() is None, "no job reached the second node"
-        time.sleep(0.1)
-    lost = _started_on(root, second.node_id)[-1]
+    _wait_until(lambda: started_on(root, second.node_id), run, "a job reaching the second node")
+    lost = started_on(root, second.node_id)[-1]
     cluster.remove_node(second, allow_graceful=False)
     _, err = run.communicate(timeout=180)
 
     assert run.returncode == 0, err
-    assert {entry["state"] for entry in state(root)["jobs"].values()} == {"done"}
-    media = sorted(f"test/{job['id']}_s0.mp4" for job in JOBS)
-    assert output_files(root) == sorted(media + [m + ".json" for m in media]) and not temp_files(root)
+    _assert_every_job_done_once(root, JOBS)
     kinds = [e["event"] for e in events(root)]
     assert "worker_lost" in kinds
     sidecar = json.loads((root / f"test/{lost}_s0.mp4.json").read_text())
     assert sidecar["worker"]["node"] != second.node_id and sidecar["attempt"] == 2
+
+
+def test_a_node_added_mid_run_takes_jobs_from_the_running_manifest(cluster, tmp_path):
+    jobs = [{"id": f"shot{i}", "prompt": f"shot {i}"} for i in range(10)]  # ~2 s each: 20 s on one GPU
+    path = write_manifest(tmp_path, jobs, defaults={"steps": 200})
+    root = tmp_path / "out"
+    cluster.wait_for_nodes(timeout=60)
+    run = _submit(path, cluster)
+    head = cluster.head_node.node_id
+
+    _wait_until(lambda: started_on(root, head), run, "a job starting on the head")
+    joined = cluster.add_node(num_cpus=2, num_gpus=1)
+    try:
+        _, err = run.communicate(timeout=180)
+    finally:
+        cluster.remove_node(joined)
+
+    assert run.returncode == 0, err
+    _assert_every_job_done_once(root, jobs)
+    assert [e["slot"] for e in events(root) if e["event"] == "worker_added"] == [1]
+    on_joined = started_on(root, joined.node_id)
+    assert on_joined, "the node that joined mid-run rendered nothing"
+    sidecars = [json.loads((root / f"test/{key}_s0.mp4.json").read_text()) for key in on_joined]
+    assert {s["worker"]["node"] for s in sidecars} == {joined.node_id}
+
+
+def test_submit_without_an_address_starts_its_own_cluster_beside_a_running_one(cluster, tmp_path):
+    # Plain ray.init() would join the newest cluster on this machine (this module's) instead.
+    path = write_manifest(tmp_path, [{"id": "solo", "prompt": "shot"}])
+    run = _submit(path, None)
+    _, err = run.communicate(timeout=120)
+
+    assert run.returncode == 0, err
+    sidecar = json.loads((tmp_path / "out/test/solo_s0.mp4.json").read_text())
+    assert sidecar["worker"]["node"] not in {node.node_id for node in cluster.list_all_nodes()}
