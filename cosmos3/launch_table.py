@@ -29,9 +29,10 @@ class LaunchParams:
 DEFAULT: dict[str, LaunchParams] = {op: LaunchParams(threads=128, vectors_per_thread=2) for op in OPS}
 
 # sm_90 (H200) was measured with benchmarks/sweep_swiglu_launch.py on an H200 (132 SMs, torch 2.11+cu130,
-# CUDA 13.0), M x I = 32760 x 16384 bf16, on 2026-11-30 after the kernel's division became Newton steps.
-# silu_and_mul_2in, FP8 out: 64x4 0.649 ms (96.7% of the 4.27 TB/s copy) against 256x4 0.665, 64x2 0.691,
-# 128x2 0.694, 1024x1 0.876 ms; quantize_fp8: 64x2 0.386 ms (97.7%) against 128x2 0.388, 256x1 0.418 ms.
+# CUDA 13.0), M x I = 32760 x 16384 bf16, on 2026-11-30 with the Newton-step sigmoid and the reciprocal-and-fma
+# division; 64x4 won all five silu_and_mul_2in sweeps of the day. silu_and_mul_2in, FP8 out: 64x4 0.656 ms
+# (95.7% of the 4.27 TB/s copy) against 256x4 0.667, 64x2 0.697, 128x2 0.700, 1024x1 0.892 ms; quantize_fp8:
+# 64x2 0.369 ms (102%), 128x2 and 512x2 within 0.1%, 256x1 0.406 ms.
 _H200 = {"silu_and_mul_2in": LaunchParams(threads=64, vectors_per_thread=4),
          "quantize_fp8": LaunchParams(threads=64, vectors_per_thread=2)}
 

@@ -2,7 +2,8 @@
 
     silu_and_mul_2in(gate, up, scale=None, limit=None, alpha=1.0, beta=0.0) -> Tensor
         out = g' * sigmoid(alpha * g') * (u' + beta), g' = min(g, limit), u' = clamp(u, -limit, limit) when
-        limit is given; fp32 maths; out in the input dtype, or FP8 e4m3 saturate(out / scale) with a scale.
+        limit is given; fp32 maths; out in the input dtype, or FP8 e4m3 saturate(out * fp32(1 / scale)) with
+        a scale (which differs from out / scale in ~1e-7 of FP8 results, by one step at a rounding tie).
     quantize_fp8(x, scale) -> Tensor
         static per-tensor quantization: saturate(x / scale) in FP8 e4m3.
 
@@ -22,10 +23,12 @@ fmaf, no compiler contraction, a polynomial 2^x of our own instead of expf, whos
 CPU's exp, and a reciprocal by Newton steps instead of a division, which costs the GPU a slow-path branch per
 element), and the CPU impls below run the same sequence with torch ops (fmaf exactly, through fp64), so CPU
 and CUDA agree bit for bit on every input (NaN payloads aside). silu_and_mul_2in computes
-(g' * (u' + beta)) * sigmoid(alpha * g'), sigmoid = 1 / (1 + exp(-alpha * g')) to within 0.5005 ulp, and for
-FP8 output multiplies that by fp32(1 / scale), rounded once per call. The fp32 result is within a few ulps of
-the exact formula (plus |alpha * g| ulps from rounding the exponent's coefficient); for g < -86.6 / alpha,
-where the exact value is below 2e-38 * |g * (u + beta)|, sigmoid is held at 2^-125.5.
+(g' * (u' + beta)) * sigmoid(alpha * g'), sigmoid = 1 / (1 + exp(-alpha * g')) to within 0.5005 ulp; for FP8
+output it multiplies by fp32(1 / scale), while quantize_fp8 divides by the scale, correctly rounded (its
+kernel multiplies by the reciprocal and corrects with one fma: the same bits, see divide() in
+csrc/vec_fp8.cuh; the swiglu kernel cannot afford that correction). The fp32 result is
+within a few ulps of the exact formula (plus |alpha * g| ulps from rounding the exponent's coefficient); for
+g < -86.6 / alpha, where the exact value is below 2e-38 * |g * (u + beta)|, sigmoid is held at 2^-125.5.
 """
 
 from __future__ import annotations
@@ -219,7 +222,7 @@ def _swiglu_f32(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None
         u = u.clamp(-limit32, limit32)
     out = g * (u + _f32(beta)) * sigmoid
     if scale is not None:
-        out = out * (1.0 / scale.reshape(()))  # fp32(1 / scale), as the kernel's scale_operand
+        out = out * (1.0 / scale.reshape(()))  # fp32(1 / scale), as the kernel's Divisor.inv
     return out
 
 

@@ -6,10 +6,9 @@
 namespace cosmos3 {
 namespace {
 
-// A true division, as the spec's x / scale; the reciprocal-multiply shortcut differs in the last bit.
+// A true division, as the spec's x / scale (the reciprocal-multiply shortcut differs in the last bit).
 struct DivideByScaleOp {
-  __device__ __forceinline__ float scale_operand(float scale) const { return scale; }
-  __device__ __forceinline__ float operator()(const float (&x)[1], float scale) const { return __fdiv_rn(x[0], scale); }
+  __device__ __forceinline__ float operator()(const float (&x)[1], Divisor scale) const { return divide(x[0], scale); }
 };
 
 }  // namespace

@@ -274,6 +274,24 @@ def test_fma_emulations_are_correctly_rounded():
     np.testing.assert_array_equal(ours.astype(np.float32), exact)
 
 
+def test_reciprocal_then_one_fma_divides_correctly():
+    """The kernels' divide(): q = x * fp32(1 / s), r = fma(-q, s, x), then fma(r, 1 / s, q) where r is finite and
+    not zero, else q. Every mantissa of x and specials, for several scales, against numpy's x / s: the same
+    fp32 bits while the residual cannot underflow (|x| >= 2^-100), the same FP8 bits for every x."""
+    x = np.concatenate([((127 << 23) | np.arange(1 << 23, dtype=np.int64)).astype(np.int32).view(np.float32),
+                        np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 3e38, -3e38, 2.0 ** -100, 1e-38, 1e-45])])
+    for s in np.float32([0.02, 0.05, 0.37, 3.0, 0.0123456, 1e-20, 3e38, 0.0, np.inf]):
+        with np.errstate(all="ignore"):
+            inv = np.float32(1) / s
+            q = x * inv
+            r = _np_fma(-q, s, x)
+            got, want = np.where((np.abs(r) > 0) & (np.abs(r) < np.inf), _np_fma(r, inv, q), q), x / s
+        fp32_exact = (np.abs(x) >= 2.0 ** -100) | (x == 0)
+        assert_same_bits(torch.from_numpy(got[fp32_exact]), torch.from_numpy(want[fp32_exact]))
+        fp8 = [torch.from_numpy(v).clamp(-448, 448).to(FP8) for v in (got, want)]
+        assert_same_bits(*fp8)
+
+
 @pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
 def test_fp32_result_is_within_a_few_ulp_of_the_exact_formula(kwargs):
     gen = torch.Generator().manual_seed(1)
@@ -432,6 +450,18 @@ def test_gpu_quantize_fp8_matches_cpu(dtype, shape):
     x.view(-1)[:18] = _specials(dtype).cuda()
     scale = _scale(0.37, "cuda")
     assert_same_bits(ops.quantize_fp8(x, scale).cpu(), ops.quantize_fp8(x.cpu(), scale.cpu()))
+
+
+@gpu_test
+@pytest.mark.parametrize("scale", [0.0, float("inf"), 1e-20, 3e38, 2.0 ** -3],
+                         ids=["zero", "inf", "tiny", "huge", "power-of-two"])
+def test_gpu_fp8_outputs_match_cpu_for_extreme_scales(scale):
+    """The kernels' division (a reciprocal and one fma) against the CPU's true division where it is hardest."""
+    gate, up = _gate_up_with_every_gate_value(torch.bfloat16, seed=3)
+    s = _scale(scale)
+    swiglu = ops.silu_and_mul_2in(gate.cuda(), up.cuda(), scale=s.cuda())
+    assert_same_bits(swiglu.cpu(), ops.silu_and_mul_2in(gate, up, scale=s))
+    assert_same_bits(ops.quantize_fp8(gate.cuda(), s.cuda()).cpu(), ops.quantize_fp8(gate, s))
 
 
 @gpu_test
