@@ -78,9 +78,10 @@ def state(root: Path, name: str = "test") -> dict:
 
 
 @contextlib.contextmanager
-def local_cluster(**resources: Any) -> Iterator[None]:
-    """One Ray cluster for a test module: starting one costs seconds, so modules share it."""
-    ray.init(address="local", include_dashboard=False, **resources)  # never another test run's cluster
+def local_cluster(**options: Any) -> Iterator[None]:
+    """One Ray cluster for a test module: starting one costs seconds, so modules share it. `options` go to
+    ray.init (resources; include_dashboard=True where a test reads the state API)."""
+    ray.init(**{"address": "local", "include_dashboard": False, **options})  # never another test run's cluster
     try:
         yield
     finally:

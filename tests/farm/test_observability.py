@@ -1,0 +1,90 @@
+"""What the Ray dashboard shows of a run: each attempt named `render:<job>` in the state API, and the farm's
+metrics on the Prometheus port that every node exports (what the dashboard's Metrics view reads)."""
+
+from __future__ import annotations
+
+import functools
+import time
+import urllib.request
+
+import pytest
+import ray
+from ray.util.state import list_tasks
+
+from farm import driver, manifest
+from tests.farm import fakes
+from tests.farm.helpers import local_cluster, write_manifest
+
+JOBS = [{"id": "clip", "prompt": "fine"}, {"id": "sweep", "prompt": "fine", "seeds": [1, 2]},
+        {"id": "bad", "prompt": "fail", "retries": 1}]
+
+
+# What the run must leave on the metrics port: counters and histogram counts, and the gauges at rest.
+EXPECTED_METRICS = {
+    "ray_farm_jobs_done_total": 3.0,
+    "ray_farm_jobs_failed_total": 1.0,
+    "ray_farm_jobs_retried_total": 1.0,  # bad: retries 1
+    "ray_farm_job_seconds_count": 3.0,  # one observation per job done
+    "ray_farm_step_seconds_count": 12.0,  # 3 jobs x 4 fake steps
+    "ray_farm_queue_depth": 0.0,
+    "ray_farm_busy_workers": 0.0,
+}
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    """One run of JOBS on a cluster with the dashboard, metrics reported every 0.5 s (Ray's default is 10 s);
+    the run's report and its metrics, scraped at once: Ray drops a gauge ~20 s after its last update."""
+    with local_cluster(num_gpus=2, num_cpus=4, include_dashboard=True,
+                       _system_config={"metrics_report_interval_ms": 500}):
+        folder = tmp_path_factory.mktemp("observed")
+        (folder / "markers").mkdir()
+        factory = functools.partial(fakes.scripted, markers=str(folder / "markers"))
+        path = write_manifest(folder, JOBS, name="observed")
+        report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=factory, progress=False))
+        metrics = _eventually(lambda: _scrape(EXPECTED_METRICS), EXPECTED_METRICS, seconds=15)
+        yield report, metrics
+
+
+def _eventually(read, want, seconds: float = 30.0):
+    """read() once it equals want (task events and metrics reach Ray's stores a moment after the fact)."""
+    deadline = time.monotonic() + seconds
+    got = read()
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+        got = read()
+    return got
+
+
+def _scrape(names) -> dict[str, float]:
+    """The values of `names` for this module's manifest on the head node's metrics port (absent: left out)."""
+    port = ray.nodes()[0]["MetricsExportPort"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in names and 'manifest="observed"' in line:
+            values[name] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def test_every_attempt_is_named_for_its_job(observed):
+    report, _ = observed
+    assert report.counts == {"done": 3, "failed": 1, "pending": 0, "skipped": 0}
+
+    def names() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for task in list_tasks(filters=[("type", "=", "ACTOR_TASK")], limit=1000, raise_on_missing_output=False):
+            if task.name.startswith("render:"):
+                counts[task.name] = counts.get(task.name, 0) + 1
+        return counts
+
+    # `bad` ran twice (retries: 1); the others once.
+    want = {"render:clip": 1, "render:sweep@1": 1, "render:sweep@2": 1, "render:bad": 2}
+    assert _eventually(names, want) == want
+
+
+@pytest.mark.parametrize("metric", EXPECTED_METRICS)
+def test_the_run_is_counted_on_the_metrics_port(observed, metric):
+    _, metrics = observed
+    assert metrics.get(metric) == EXPECTED_METRICS[metric]
