@@ -79,6 +79,7 @@ class RenderWorker:
     def __init__(self, model: ModelSpec, factory: PipelineFactory, origin: dict[str, Any], slot: int):
         """`origin`: the run id (`run`) and the manifest's path and sha256, recorded in every sidecar."""
         refuse_sharded_static_fp8(model)
+        encode.sweep_orphaned_scratch()  # partial videos of workers killed on this node before
         context = ray.get_runtime_context()
         gpus = context.get_accelerator_ids().get("GPU", [])
         self._renderer = factory(model, bool(gpus))

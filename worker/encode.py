@@ -6,7 +6,9 @@ guessed from the extension.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 # Visually lossless H.264; yuv420p is what browsers and players decode; faststart puts the index first
 # so a partially downloaded file starts playing.
 _MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-preset", "medium", "-movflags", "+faststart"]
+_SCRATCH = "farm-encode-"  # + host-pid-random: sweep_orphaned_scratch tells a dead worker's from a live one's
 
 
 def _check(frames: np.ndarray) -> None:
@@ -38,10 +41,33 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path) -> None:
     # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
     # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
     # and only this process copies the result to `path`.
-    with tempfile.TemporaryDirectory(prefix="farm-encode-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"{_SCRATCH}{socket.gethostname()}-{os.getpid()}-") as scratch:
         local = Path(scratch) / "video.mp4"
         _encode_h264(frames, fps, local)
         shutil.copyfile(local, path)
+
+
+def sweep_orphaned_scratch() -> list[Path]:
+    """Removes the encode scratch folders of this host's dead processes and returns them: a worker killed
+    mid-encode (a timeout, Ctrl-C) never reaches its cleanup and leaves a partial video behind. Folders of
+    live processes and of other hosts (a shared /tmp) are left alone."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{_SCRATCH}{socket.gethostname()}-*"):
+        pid = folder.name[len(_SCRATCH) + len(socket.gethostname()) + 1:].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
 
 
 def _encode_h264(frames: np.ndarray, fps: float, path: Path) -> None:

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import imageio.v3 as iio
 import imageio_ffmpeg
 import numpy as np
@@ -54,3 +62,28 @@ def test_wrong_frames_are_refused(tmp_path, frames):
 def test_an_image_render_has_one_frame(tmp_path):
     with pytest.raises(ValueError, match="one frame"):
         encode.write_png(_frames(2, 16, 16), tmp_path / "x.png")
+
+
+def _scratch(owner: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix=f"farm-encode-{owner}-"))
+    (folder / "video.mp4").write_bytes(b"partial")
+    return folder
+
+
+def test_scratch_of_dead_processes_on_this_host_is_swept_and_nothing_else():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    orphan, live, elsewhere = (_scratch(f"{host}-{dead.stdout.strip()}"), _scratch(f"{host}-{os.getpid()}"),
+                               _scratch(f"another-host-{dead.stdout.strip()}"))
+    try:
+        assert orphan in encode.sweep_orphaned_scratch()
+        assert not orphan.exists() and live.exists() and elsewhere.exists()
+    finally:
+        for folder in (orphan, live, elsewhere):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_an_mp4_encode_leaves_no_scratch_folder(tmp_path):
+    before = set(Path(tempfile.gettempdir()).glob("farm-encode-*"))
+    encode.write_mp4(_frames(3, 16, 16), 8.0, tmp_path / "clip.mp4")
+    assert set(Path(tempfile.gettempdir()).glob("farm-encode-*")) == before
