@@ -271,8 +271,8 @@ class Scheduler:
 
     def _grow(self) -> None:
         """Starts a worker for every GPU beyond the slots this run has had. Retired slots count, so a bad GPU
-        is not refilled, and so do slots whose node was lost: their restarted actors wait for a GPU, and a
-        node that joins later gets those first."""
+        is not refilled, and so do slots whose node was lost: their restarted actors are waiting for a GPU,
+        and a node that replaces the lost one is theirs to take."""
         now = time.monotonic()
         if self.capacity is None or not self.pending or now < self.next_growth_check:
             return

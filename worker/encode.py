@@ -19,7 +19,6 @@ import numpy as np
 # Visually lossless H.264; yuv420p is what browsers and players decode; faststart puts the index first
 # so a partially downloaded file starts playing.
 _MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-preset", "medium", "-movflags", "+faststart"]
-_SCRATCH = "farm-encode-"  # + host-pid-random: sweep_orphaned_scratch tells a dead worker's from a live one's
 
 
 def _check(frames: np.ndarray) -> None:
@@ -41,19 +40,26 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path) -> None:
     # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
     # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
     # and only this process copies the result to `path`.
-    with tempfile.TemporaryDirectory(prefix=f"{_SCRATCH}{socket.gethostname()}-{os.getpid()}-") as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"{_scratch_prefix()}{os.getpid()}-") as scratch:
         local = Path(scratch) / "video.mp4"
         _encode_h264(frames, fps, local)
         shutil.copyfile(local, path)
+
+
+def _scratch_prefix() -> str:
+    """This host's encode scratch folders are named prefix + PID + "-" + random, so that
+    sweep_orphaned_scratch can tell a dead worker's folder from a live one's."""
+    return f"farm-encode-{socket.gethostname()}-"
 
 
 def sweep_orphaned_scratch() -> list[Path]:
     """Removes the encode scratch folders of this host's dead processes and returns them: a worker killed
     mid-encode (a timeout, Ctrl-C) never reaches its cleanup and leaves a partial video behind. Folders of
     live processes and of other hosts (a shared /tmp) are left alone."""
+    prefix = _scratch_prefix()
     removed = []
-    for folder in Path(tempfile.gettempdir()).glob(f"{_SCRATCH}{socket.gethostname()}-*"):
-        pid = folder.name[len(_SCRATCH) + len(socket.gethostname()) + 1:].partition("-")[0]
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        pid = folder.name[len(prefix):].partition("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
