@@ -31,15 +31,15 @@ from cosmos3.media import resize_cover_crop  # noqa: E402
 from cosmos3.pipeline import Cosmos3Pipeline, checkpoint_identity  # noqa: E402
 from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
 from cosmos3.sampling import load_recipe  # noqa: E402
-from cosmos3.toy import flow, measure, scenes  # noqa: E402
-from cosmos3.toy.layout import (  # noqa: E402
+from cosmos3.vae import WanVAE  # noqa: E402
+from toy import flow, measure, scenes  # noqa: E402
+from toy.layout import (  # noqa: E402
     PROMPT_WORDS,
     UNIPC_SCHEDULER,
     save_transformer,
     write_pipeline_files,
     write_tokenizer,
 )
-from cosmos3.vae import WanVAE  # noqa: E402
 
 Z_DIM = 16  # latent channels (48 in the published VAE)
 VOCAB_SIZE = 80  # >= the toy tokenizer's 66 tokens; a small embedding keeps the files small

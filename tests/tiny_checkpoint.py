@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.toy.layout import (
+from toy.layout import (
     PROMPT_WORDS,
     UNIPC_SCHEDULER,
     save_transformer,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cosmos3.prompt import PromptTokenizer
-from cosmos3.toy import scenes
+from toy import scenes
 from farm import manifest
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cosmos3 import load_transformer
-from cosmos3.toy import flow
+from toy import flow
 from tests.cosmos3.reference import reference_forward, tiny_reference
 
 # (latent T, H, W, fps): an image, and a clip with fps-modulated temporal positions.

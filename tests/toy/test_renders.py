@@ -1,7 +1,7 @@
 """Renders of the committed toy checkpoint show their prompts; its FP8 export stays close to its BF16 original.
 
 The checks of issue 8 on ``checkpoints/toy`` (written by ``scripts/train_toy.py``), every one read from
-pixels by ``cosmos3.toy.measure``, which knows nothing of the model:
+pixels by ``toy.measure``, which knows nothing of the model:
 
 * per prompt set, at least 80% of (prompt, seed) renders show the prompt's shape colour, background
   colour and position (stills) or direction of motion (clips);
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from cosmos3.pipeline import Cosmos3Pipeline
-from cosmos3.toy import measure, scenes
-from cosmos3.toy.scenes import Scene
+from toy import measure, scenes
+from toy.scenes import Scene
 
 ROOT = Path(__file__).resolve().parents[2] / "checkpoints" / "toy"
 # Every colour as shape and as background, every position and direction, every shape.

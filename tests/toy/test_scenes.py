@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cosmos3.toy import measure, scenes
-from cosmos3.toy.layout import PROMPT_WORDS, write_tokenizer
+from toy import measure, scenes
+from toy.layout import PROMPT_WORDS, write_tokenizer
 
 DRAWN = 60  # random scenes per kind
 

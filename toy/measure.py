@@ -1,7 +1,7 @@
 """Read a render back from its pixels: background colour, shape colour, where the shape is, where it goes.
 
 Independent of any model: every pixel is classified to the nearest named colour of
-``cosmos3.toy.scenes.COLOURS``; the background is the commonest class, the shape the commonest of the
+``toy.scenes.COLOURS``; the background is the commonest class, the shape the commonest of the
 rest; the shape's centroid gives its position (nearest named anchor) and, across frames, its motion.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cosmos3.toy.scenes import COLOURS, MOTIONS, POSITIONS, Scene
+from toy.scenes import COLOURS, MOTIONS, POSITIONS, Scene
 
 NAMES = list(COLOURS)
 PALETTE = np.array([COLOURS[n] for n in NAMES], dtype=np.float32)  # [K, 3]
