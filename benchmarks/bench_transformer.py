@@ -8,7 +8,7 @@ Variants, measured side by side in one run on the same random weights:
   fp8 fused       static FP8 forced onto the fused topology (one max(scale) per fused weight,
                   the layout TensorRT-LLM had before PR #17476); a speed baseline only
   w8a16 step      the fp8 model on an edge step of the checkpoint's step policy
-Our variants run eager and replayed from CUDA graphs (``model.enable_cuda_graphs()``). Per
+Our variants run eager and replayed from CUDA graphs (``cosmos3.cuda_graphs.enable_cuda_graphs(model)``). Per
 variant: step time (median, CUDA events), GEN-linear time and attention time measured alone
 (their share of the step), weight memory of the decoder projections, peak memory of a step over
 the resident weights, and memory left behind after the step (a W8A16 step must leave none).
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cosmos3.checkpoint import TensorDict  # noqa: E402
 from cosmos3.config import Cosmos3Config  # noqa: E402
+from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, calibrate_input_amax, quantization_config, quantize_tensors  # noqa: E402
 from cosmos3.layers.attention import _sdpa  # noqa: E402
 from cosmos3.layers.linear import Linear, quantize_shared_input  # noqa: E402
@@ -201,7 +202,7 @@ def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
             # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
             fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
             if mode == "graphs" and model.cuda_graphs is None:
-                model.enable_cuda_graphs()
+                enable_cuda_graphs(model)
             linears = lambda model=model: gen_linears(model, x)  # noqa: E731
             linears = graphed(linears) if mode == "graphs" else linears
             rows[f"{name} ({mode})"] = measure(step(model), linears, args, attention_ms)

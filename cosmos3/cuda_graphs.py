@@ -15,7 +15,17 @@ from dataclasses import dataclass
 
 import torch
 
-from cosmos3.transformer import GenLayout, GenOutput, UndCache
+from cosmos3.transformer import Cosmos3Transformer, GenLayout, GenOutput, UndCache
+
+
+def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 8) -> None:
+    """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
+
+    A function here rather than a model method, so the model never imports this module (one direction only).
+    """
+    if model.device.type != "cuda":
+        raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {model.device}")
+    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs)
 
 
 @dataclass

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from cosmos3 import load_transformer
+from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt import PromptSpec, PromptTokenizer
@@ -150,7 +151,7 @@ class Cosmos3Pipeline:
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision)
         if cuda_graphs and device.type == "cuda":
-            model.enable_cuda_graphs()
+            enable_cuda_graphs(model)
         return cls(
             model=model,
             vae=WanVAE.from_pretrained(root / "vae", device=device),

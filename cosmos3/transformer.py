@@ -101,7 +101,7 @@ class Cosmos3Transformer(nn.Module):
         # The last layer's UND MLP output is never read (GEN needs only its K/V), so it is
         # skipped; FP8 calibration turns this off so every projection sees activations.
         self.skip_unread_und_mlp = True
-        self.cuda_graphs = None  # a cosmos3.cuda_graphs.GenGraphs once enable_cuda_graphs() is called
+        self.cuda_graphs = None  # a GenGraphs once cosmos3.cuda_graphs.enable_cuda_graphs(model) is called
         self._layouts: dict[tuple, GenLayout] = {}
         quant = config.quantization
         method = get_quant_method(precision)
@@ -258,14 +258,6 @@ class Cosmos3Transformer(nn.Module):
         if isinstance(timestep, torch.Tensor) and timestep.device == self.device:
             return timestep.reshape(1).float()
         return torch.full((1,), float(timestep), dtype=torch.float32, device=self.device)
-
-    def enable_cuda_graphs(self, max_graphs: int = 8) -> None:
-        """Replay each GEN step from a CUDA graph: at small token counts launches, not maths, bound a step."""
-        from cosmos3.cuda_graphs import GenGraphs
-
-        if self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {self.device}")
-        self.cuda_graphs = GenGraphs(self, max_graphs=max_graphs)
 
     # ---------------------------------------------------------------- step precision
 
