@@ -10,7 +10,7 @@ from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from tests.cosmos3.fp8_checkpoints import make_bf16, make_fp8
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = pytest.mark.gpu
 
 COND, UNCOND, OTHER = torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]), torch.tensor([2, 7, 1, 8, 2])
 

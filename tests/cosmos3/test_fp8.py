@@ -221,7 +221,6 @@ def test_options_that_would_change_a_static_checkpoint_are_refused(ckpts, kwargs
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_static_fp8_on_cuda_scaled_mm_matches_cpu(ckpts):
     """torch._scaled_mm on the H200: as close to the BF16 model as the CPU path is (same bound).
 

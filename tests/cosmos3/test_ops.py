@@ -369,10 +369,6 @@ def test_load_cuda_ops_without_a_gpu_says_so():
 
 # --- GPU (H200) ---
 
-def gpu_test(fn):
-    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(fn))
-
-
 GPU_SHAPES = [
     pytest.param((8, 4), id="8x4"),
     pytest.param((13, 257), id="13x257"),
@@ -403,7 +399,7 @@ def _random_gate_up(shape, dtype, seed=0):
     return gate, up
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize(("dtype", "fp8_out"), GPU_VARIANTS)
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_gpu_matches_cpu_impl_bit_for_bit(shape, dtype, fp8_out):
@@ -413,7 +409,7 @@ def test_gpu_matches_cpu_impl_bit_for_bit(shape, dtype, fp8_out):
     assert_same_bits(out, _cpu_reference(gate, up, scale))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", INPUT_DTYPES)
 def test_gpu_every_launch_config_gives_the_same_bits(dtype):
     ext = ops.load_cuda_ops()
@@ -431,7 +427,7 @@ def test_gpu_every_launch_config_gives_the_same_bits(dtype):
         ops.set_launch_params(ext, sm, launch_table.launch_params(sm))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize("fp8_out", OUTPUTS)
 @pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
 @pytest.mark.parametrize("dtype", INPUT_DTYPES)
@@ -442,7 +438,7 @@ def test_gpu_every_gate_value_and_special_values_match_cpu(dtype, kwargs, fp8_ou
     assert_same_bits(out.cpu(), ops.silu_and_mul_2in(gate, up, scale=scale, **kwargs))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(13, 257), (1760, 12288)])
 @pytest.mark.parametrize("dtype", INPUT_DTYPES)
 def test_gpu_quantize_fp8_matches_cpu(dtype, shape):
@@ -452,7 +448,7 @@ def test_gpu_quantize_fp8_matches_cpu(dtype, shape):
     assert_same_bits(ops.quantize_fp8(x, scale).cpu(), ops.quantize_fp8(x.cpu(), scale.cpu()))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize("scale", [0.0, float("inf"), 1e-20, 3e38, 2.0 ** -3],
                          ids=["zero", "inf", "tiny", "huge", "power-of-two"])
 def test_gpu_fp8_outputs_match_cpu_for_extreme_scales(scale):
@@ -464,7 +460,7 @@ def test_gpu_fp8_outputs_match_cpu_for_extreme_scales(scale):
     assert_same_bits(ops.quantize_fp8(gate.cuda(), s.cuda()).cpu(), ops.quantize_fp8(gate, s))
 
 
-@gpu_test
+@pytest.mark.gpu
 def test_gpu_input_off_a_16_byte_boundary_takes_the_scalar_path():
     gate_buf, up_buf = _random_gate_up((1 + 13 * 257,), torch.bfloat16)
     gate, up = gate_buf[1:].view(13, 257), up_buf[1:].view(13, 257)
@@ -473,7 +469,7 @@ def test_gpu_input_off_a_16_byte_boundary_takes_the_scalar_path():
     assert_same_bits(ops.quantize_fp8(gate, _scale(0.02, "cuda")).cpu(), ops.quantize_fp8(gate.cpu(), _scale(0.02)))
 
 
-@gpu_test
+@pytest.mark.gpu
 def test_gpu_compile_fullgraph_matches_eager():
     def fn(gate, up, scale):
         return (ops.silu_and_mul_2in(gate, up, scale=scale, limit=7.0, alpha=1.702, beta=1.0),
@@ -485,7 +481,7 @@ def test_gpu_compile_fullgraph_matches_eager():
         assert_same_bits(got.cpu(), want.cpu())
 
 
-@gpu_test
+@pytest.mark.gpu
 def test_gpu_cuda_graph_replay_reads_the_scale_updated_in_place():
     gate, up = _random_gate_up((64, 1000), torch.bfloat16)
     scale = _scale(0.02, "cuda")
@@ -504,7 +500,7 @@ def test_gpu_cuda_graph_replay_reads_the_scale_updated_in_place():
     assert not torch.equal(_bits(out.cpu()), _bits(_cpu_reference(gate, up, _scale(0.02))))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize("fp8_out", OUTPUTS)
 @pytest.mark.parametrize("kwargs", SWIGLU_KWARGS)
 def test_gpu_opcheck_silu_and_mul_2in(kwargs, fp8_out):
@@ -513,26 +509,26 @@ def test_gpu_opcheck_silu_and_mul_2in(kwargs, fp8_out):
             kwargs)
 
 
-@gpu_test
+@pytest.mark.gpu
 def test_gpu_opcheck_quantize_fp8():
     opcheck(torch.ops.cosmos3.quantize_fp8.default, (_bf16(7, 1000, device="cuda"), _scale(0.02, "cuda")))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
 def test_gpu_silu_and_mul_2in_names_the_broken_rule(make, message):
     with pytest.raises(ValueError, match=message):
         ops.silu_and_mul_2in(**make("cuda"))
 
 
-@gpu_test
+@pytest.mark.gpu
 @pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
 def test_gpu_quantize_fp8_names_the_broken_rule(make, message):
     with pytest.raises(ValueError, match=message):
         ops.quantize_fp8(**make("cuda"))
 
 
-@gpu_test
+@pytest.mark.gpu
 def test_gpu_scale_on_another_device_is_rejected():
     with pytest.raises(ValueError, match="scale must be on the input's device"):
         ops.silu_and_mul_2in(_bf16(4, 8, device="cuda"), _bf16(4, 8, device="cuda"), scale=_scale())

@@ -481,7 +481,6 @@ def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("task", ["t2i", "t2v"])
 def test_cuda_render_with_graphs_equals_eager(root, task):
     request = job(task, seed=3)

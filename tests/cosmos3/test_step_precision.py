@@ -132,7 +132,6 @@ def test_w8a16_linear_is_the_dequantized_weight_in_a_16bit_gemm(ckpts):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_w8a16_on_cuda_fused_dequantization_is_bit_identical(ckpts):
     _, fp8 = ckpts
     model = load_transformer(fp8, device="cuda", dtype=torch.bfloat16)

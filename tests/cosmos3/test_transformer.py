@@ -85,7 +85,6 @@ def test_und_cache_equals_recompute_over_steps_and_cfg_branches(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("t,h,w,cond,fps", CASES)
 def test_bf16_cuda_velocity_matches_the_fp32_reference(tmp_path, t, h, w, cond, fps):
     """Our BF16 model on CUDA (SDPA) against diffusers in fp32 on CUDA.
