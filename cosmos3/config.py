@@ -183,6 +183,88 @@ class Cosmos3Config:
             raise ConfigError("action_gen=true needs action_dim")
 
 
+SOUND_TOKENIZER_DIR = "sound_tokenizer"
+SOUND_TOKENIZER_CLASS = "Cosmos3AVAEAudioTokenizer"
+
+
+@dataclass(frozen=True)
+class SoundConfig:
+    """What sound generation needs from a checkpoint: the transformer's sound head and ``sound_tokenizer/config.json``."""
+
+    sound_dim: int  # channels of a sound latent frame (== the tokenizer's vocoder_input_dim)
+    latent_fps: float  # transformer sound_latent_fps: the frame rate of the sound tokens' positions
+    sampling_rate: int  # Hz of the decoded waveform
+    hop_size: int  # waveform samples per latent frame (diffusers: hop_size, else prod(dec_strides))
+    channels: int  # decoded audio channels (dec_out_channels; 2 = stereo)
+
+    def samples(self, frames: int, fps: float) -> int:
+        """Waveform samples of a clip of ``frames`` at ``fps``: ``int(frames / fps * rate)``, as diffusers sizes them."""
+        return int(frames / fps * self.sampling_rate)
+
+    def latent_frames(self, frames: int, fps: float) -> int:
+        """Sound latent frames of a clip: its samples over the hop, rounded up (diffusers' ``prepare_latents``)."""
+        return -(-self.samples(frames, fps) // self.hop_size)
+
+
+@dataclass(frozen=True)
+class SoundSupport:
+    """Whether a checkpoint can generate sound: its ``config``, or ``missing`` naming what it lacks."""
+
+    config: SoundConfig | None
+    missing: str = ""
+
+
+def _positive_int(raw: dict, key: str, path: Path) -> int:
+    value = raw.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{path}: {key}={value!r} must be a positive whole number")
+    return value
+
+
+def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSupport:
+    """Read ``<root>/sound_tokenizer/config.json`` beside a parsed transformer config; torch-free.
+
+    A checkpoint without ``sound_gen`` or without the folder simply has no sound; a folder whose
+    config is unreadable or disagrees with the transformer is an error naming the file.
+    """
+    if not transformer.sound_gen:
+        return SoundSupport(None, "its transformer has sound_gen=false")
+    folder = Path(root) / SOUND_TOKENIZER_DIR
+    if not folder.is_dir():
+        return SoundSupport(None, f"it ships no {SOUND_TOKENIZER_DIR}/ folder")
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing (a {SOUND_TOKENIZER_DIR}/ folder needs its {SOUND_TOKENIZER_CLASS} config)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not a readable JSON config ({err})") from None
+    if not isinstance(raw, dict) or raw.get("_class_name", SOUND_TOKENIZER_CLASS) != SOUND_TOKENIZER_CLASS:
+        found = raw.get("_class_name") if isinstance(raw, dict) else type(raw).__name__
+        raise ConfigError(f"{path}: expected a {SOUND_TOKENIZER_CLASS} config, got {found!r}")
+    strides = raw.get("dec_strides", (2, 4, 5, 6, 8))  # diffusers' default decoder
+    if raw.get("hop_size") is not None:
+        hop = _positive_int(raw, "hop_size", path)
+    elif isinstance(strides, list | tuple) and strides and all(isinstance(s, int) and s > 0 for s in strides):
+        hop = 1
+        for stride in strides:
+            hop *= stride
+    else:
+        raise ConfigError(f"{path}: dec_strides={strides!r} must be a list of positive whole numbers")
+    dim = raw.get("vocoder_input_dim", 64)
+    if dim != transformer.sound_dim:
+        raise ConfigError(
+            f"{path}: vocoder_input_dim={dim!r} does not match the transformer's sound_dim={transformer.sound_dim} "
+            "(the sound tokenizer must decode the latents this transformer makes)"
+        )
+    raw = {"sampling_rate": 48000, "dec_out_channels": 2, **raw}
+    return SoundSupport(SoundConfig(
+        sound_dim=transformer.sound_dim, latent_fps=float(transformer.sound_latent_fps),
+        sampling_rate=_positive_int(raw, "sampling_rate", path), hop_size=hop,
+        channels=_positive_int(raw, "dec_out_channels", path),
+    ))
+
+
 def check_parallel(config: Cosmos3Config | QuantConfig | dict | None, parallel: dict[str, int] | None) -> None:
     """Refuse static FP8 with any parallel axis above 1: static FP8 runs one GPU per worker.
 

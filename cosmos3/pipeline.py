@@ -3,14 +3,17 @@
 One job runs: prompt -> token ids (both CFG branches) -> UND tower once per branch (cached K/V)
 -> denoising loop (step precision chosen once per step, then the cond and uncond passes, CFG,
 scheduler update, conditioned latent frames re-pinned) -> VAE decode -> ``uint8 [T, H, W, 3]``.
+With sound (a ``sound_gen`` checkpoint with a ``sound_tokenizer/``), sound latents ride in the same
+GEN passes, get the same guidance and their own scheduler, and decode to a float waveform.
 
     pipe = Cosmos3Pipeline.from_pretrained("/ckpt/Cosmos3-Nano", device="cuda")
     out = pipe(RenderRequest(task="t2v", prompt="..."), callback=lambda i, n: ...)
-    out.frames, out.fps, out.timings, out.info
+    out.frames, out.fps, out.sound, out.sampling_rate, out.timings, out.info
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import struct
 import time
@@ -22,11 +25,13 @@ import numpy as np
 import torch
 
 from cosmos3 import load_transformer
+from cosmos3.audio import SoundTokenizer
+from cosmos3.config import SOUND_TOKENIZER_DIR, SoundSupport, read_sound_support
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt import PromptSpec, PromptTokenizer
-from cosmos3.request import V2V_CONDITION_LATENT_FRAMES, RenderPlan, RenderRequest, resolve
+from cosmos3.request import NO_SOUND, V2V_CONDITION_LATENT_FRAMES, RenderPlan, RenderRequest, resolve
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
 from cosmos3.vae import WanVAE
 
@@ -39,8 +44,10 @@ COMPONENTS = ("model_index.json", "transformer", "vae", "text_tokenizer", "sched
 class RenderOutput:
     frames: np.ndarray  # uint8 [T, H, W, 3]
     fps: float
-    timings: dict  # seconds: tokenize, und, steps (one per step), vae (encode + decode), total
-    info: dict  # precision, step_policy, checkpoint, scheduler, seed and the resolved job
+    timings: dict  # seconds: tokenize, und, steps (one per step), vae (encode + decodes, sound's too), total
+    info: dict  # precision, step_policy, checkpoint, scheduler, seed, sound and the resolved job
+    sound: np.ndarray | None = None  # float32 waveform [channels, N], N = frames / fps * sampling_rate
+    sampling_rate: int | None = None  # Hz, as the sound tokenizer decodes
 
 
 class Branch(NamedTuple):
@@ -118,6 +125,8 @@ class Cosmos3Pipeline:
         checkpoint: dict,
         device: torch.device,
         dtype: torch.dtype,
+        sound: SoundSupport | None = None,
+        sound_tokenizer: SoundTokenizer | None = None,
     ):
         if model.config.latent_channel != vae.z_dim:
             raise CheckpointError(
@@ -130,6 +139,8 @@ class Cosmos3Pipeline:
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
+        self.sound = sound or NO_SOUND
+        self.sound_tokenizer = sound_tokenizer
 
     @classmethod
     def from_pretrained(
@@ -152,6 +163,10 @@ class Cosmos3Pipeline:
         model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision)
         if cuda_graphs and device.type == "cuda":
             enable_cuda_graphs(model)
+        sound = read_sound_support(root, model.config)
+        sound_tokenizer = None
+        if sound.config is not None:
+            sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config, device=device)
         return cls(
             model=model,
             vae=WanVAE.from_pretrained(root / "vae", device=device),
@@ -160,6 +175,8 @@ class Cosmos3Pipeline:
             checkpoint=checkpoint_identity(root),
             device=device,
             dtype=dtype,
+            sound=sound,
+            sound_tokenizer=sound_tokenizer,
         )
 
     # -- stages ------------------------------------------------------------------------------------
@@ -184,21 +201,35 @@ class Cosmos3Pipeline:
         video = resize_cover_crop(pixels, plan.height, plan.width)  # [3, T_cond, H, W]
         return Conditioning(self.vae.encode(video))  # [C, k, H', W']
 
-    def _initial_latents(self, plan: RenderPlan, generator: torch.Generator) -> torch.Tensor:
-        # Noise is drawn on the CPU so a seed gives the same start on every device.
-        shape = self.vae.latent_shape(plan.frames, plan.height, plan.width)
-        return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)  # [C, T', H', W']
+    def _initial_latents(self, plan: RenderPlan, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Vision noise ``[C, T', H', W']``, then sound noise ``[sound_dim, T_s]`` (None when silent).
 
-    def _velocity(self, latents, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning):
-        """CFG velocity ``[C, T', H', W']`` in fp32: the cond pass, then the uncond pass if ``guidance != 1``."""
+        Drawn on the CPU, in the published pipeline's order, so a seed gives the same start on every device.
+        """
+        shape = self.vae.latent_shape(plan.frames, plan.height, plan.width)
+        vision = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+        if plan.sound_frames is None:
+            return vision, None
+        shape = (self.sound.config.sound_dim, plan.sound_frames)
+        return vision, torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+
+    def _velocity(self, latents, sound, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning):
+        """CFG velocities in fp32, vision ``[C, T', H', W']`` and sound ``[sound_dim, T_s]`` (or None).
+
+        The cond pass, then the uncond pass if ``guidance != 1``; both streams mix with the same guidance.
+        """
+        kwargs = {"fps": plan.fps if plan.is_video else None, "condition_frames": cond.frames,
+                  "sound_latents": None if sound is None else sound.to(self.dtype)}
         x = latents.to(self.dtype)
-        kwargs = {"fps": plan.fps if plan.is_video else None, "condition_frames": cond.frames}
-        v = self.model.velocity(branches[0].ids, x, t, und_cache=branches[0].cache, **kwargs).float()
+        out = self.model(branches[0].ids, x, t, und_cache=branches[0].cache, **kwargs)
+        v, v_sound = out.vision.float(), None if out.sound is None else out.sound.float()
         if guidance != 1.0:
-            v_uncond = self.model.velocity(branches[1].ids, x, t, und_cache=branches[1].cache, **kwargs).float()
-            v = v_uncond + guidance * (v - v_uncond)
+            out = self.model(branches[1].ids, x, t, und_cache=branches[1].cache, **kwargs)
+            v = out.vision.float() + guidance * (v - out.vision.float())
+            if v_sound is not None:
+                v_sound = out.sound.float() + guidance * (v_sound - out.sound.float())
         v[:, : len(cond.frames)] = 0.0  # conditioned frames do not move, whatever the guidance mix
-        return v
+        return v, v_sound
 
     # -- the job -----------------------------------------------------------------------------------
 
@@ -207,7 +238,8 @@ class Cosmos3Pipeline:
         clock = _Clock(self.device)
         start = clock()
         plan = resolve(
-            request, self.recipe, spatial_factor=self.vae.spatial_factor, temporal_factor=self.vae.temporal_factor
+            request, self.recipe, spatial_factor=self.vae.spatial_factor, temporal_factor=self.vae.temporal_factor,
+            sound=self.sound,
         )
         ids = self._token_ids(plan)
         tokenized = clock()
@@ -216,6 +248,8 @@ class Cosmos3Pipeline:
         encoded = clock()
 
         scheduler = make_scheduler(self.recipe, steps=plan.steps, flow_shift=plan.flow_shift, device=self.device)
+        # Schedulers keep per-step state (UniPC's history of model outputs): sound steps its own copy, as diffusers.
+        sound_scheduler = copy.deepcopy(scheduler) if plan.sound_frames is not None else None
         timesteps = scheduler.timesteps
         guidances = [guidance_at(float(t), plan.guidance, plan.guidance_interval) for t in timesteps]
         # Two UND caches, as cond and uncond texts differ; the uncond one only if some step runs CFG.
@@ -227,19 +261,25 @@ class Cosmos3Pipeline:
         und_done = clock()
 
         generator = torch.Generator("cpu").manual_seed(plan.seed)
-        latents = cond.pin(self._initial_latents(plan, generator))
+        latents, sound = self._initial_latents(plan, generator)
+        latents = cond.pin(latents)
         step_times = []
         for i, t in enumerate(timesteps):
             step_start = clock()
             self.model.set_denoising_step(i, len(timesteps))  # once, before both CFG passes
-            v = self._velocity(latents, float(t), guidances[i], branches, plan, cond)
+            v, v_sound = self._velocity(latents, sound, float(t), guidances[i], branches, plan, cond)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
+            if sound is not None:
+                sound = scheduler_step(sound_scheduler, v_sound, t, sound, generator)
             step_times.append(clock() - step_start)
             if callback is not None:
                 callback(i, len(timesteps))
 
         decode_start = clock()
         frames = to_uint8_frames(self.vae.decode(latents))  # [T, H, W, 3]
+        waveform = None
+        if sound is not None:  # the decoder rounds up to whole hops; the clip's duration is plan.sound_samples
+            waveform = self.sound_tokenizer.decode(sound)[:, : plan.sound_samples].cpu().numpy()  # [ch, N]
         end = clock()
         timings = {
             "tokenize": tokenized - start,
@@ -248,7 +288,10 @@ class Cosmos3Pipeline:
             "vae": (encoded - tokenized) + (end - decode_start),
             "total": end - start,
         }
-        return RenderOutput(frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler))
+        return RenderOutput(
+            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler),
+            sound=waveform, sampling_rate=None if waveform is None else self.sound.config.sampling_rate,
+        )
 
     def _info(self, plan: RenderPlan, scheduler) -> dict:
         return {
@@ -266,4 +309,8 @@ class Cosmos3Pipeline:
             "steps": plan.steps,
             "guidance": plan.guidance,
             "guidance_interval": plan.guidance_interval,
+            "sound": None if plan.sound_frames is None else {
+                "latent_frames": plan.sound_frames, "samples": plan.sound_samples,
+                "sampling_rate": self.sound.config.sampling_rate,
+            },
         }

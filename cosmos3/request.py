@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cosmos3.config import SoundSupport
 from cosmos3.errors import PipelineError
 from cosmos3.sampling import SamplingRecipe
 
@@ -48,7 +49,10 @@ TASK_DEFAULTS = {
 
 @dataclass
 class RenderRequest:
-    """One job. ``image``/``video``: a path or an array (uint8, or float in [0, 1]) ``[H, W, 3]``/``[T, H, W, 3]``."""
+    """One job. ``image``/``video``: a path or an array (uint8, or float in [0, 1]) ``[H, W, 3]``/``[T, H, W, 3]``.
+
+    ``sound``: generate the clip's sound with its frames; ``None`` = whenever the checkpoint can (video tasks).
+    """
 
     task: str
     prompt: str
@@ -62,6 +66,7 @@ class RenderRequest:
     seed: int = 0
     image: Any = None
     video: Any = None
+    sound: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,8 @@ class RenderPlan:
     guidance_interval: tuple[float, float] | None
     image: Any
     video: Any
+    sound_frames: int | None = None  # sound latent frames denoised with the video; None = a silent render
+    sound_samples: int | None = None  # waveform samples of the clip's duration, frames / fps * rate
 
     @property
     def is_video(self) -> bool:
@@ -168,7 +175,20 @@ def _check_sampling(problems: list[str], request: RenderRequest, recipe: Samplin
         problems.append(f"guidance: {request.guidance!r} is not a number >= 0")
 
 
-def _collect_problems(request: RenderRequest, recipe: SamplingRecipe, spatial: int, temporal: int) -> list[str]:
+def _check_sound(problems: list[str], request: RenderRequest, sound: SoundSupport) -> None:
+    if request.sound is None or request.sound is False:
+        return
+    if request.sound is not True:
+        problems.append(f"sound: expected true or false, got {request.sound!r}")
+    elif request.task == "t2i":
+        problems.append("sound: task t2i renders an image, which has no sound track (drop sound, or use a video task)")
+    elif sound.config is None:
+        problems.append(f"sound: this checkpoint cannot generate sound ({sound.missing}); set sound to false")
+
+
+def _collect_problems(
+    request: RenderRequest, recipe: SamplingRecipe, spatial: int, temporal: int, sound: SoundSupport
+) -> list[str]:
     if request.task not in TASKS:
         return [f"task: {request.task!r} is not one of {', '.join(TASKS)}"]
     defaults = TASK_DEFAULTS[request.task]
@@ -186,25 +206,38 @@ def _collect_problems(request: RenderRequest, recipe: SamplingRecipe, spatial: i
         problems.append(f"seed: {request.seed!r} is not a whole number in [0, 2**63)")
     _check_sampling(problems, request, recipe)
     _check_inputs(problems, request)
+    _check_sound(problems, request, sound)
     return problems
 
 
-def resolve(request: RenderRequest, recipe: SamplingRecipe, *, spatial_factor: int, temporal_factor: int) -> RenderPlan:
-    """Fill in the task defaults and check everything; raises ``PipelineError`` listing every problem."""
-    problems = _collect_problems(request, recipe, spatial_factor, temporal_factor)
+NO_SOUND = SoundSupport(None, "no sound support was given")
+
+
+def resolve(
+    request: RenderRequest, recipe: SamplingRecipe, *, spatial_factor: int, temporal_factor: int,
+    sound: SoundSupport = NO_SOUND,
+) -> RenderPlan:
+    """Fill in the task defaults and check everything; raises ``PipelineError`` listing every problem.
+
+    ``sound`` is the checkpoint's (``cosmos3.config.read_sound_support``): an unset ``request.sound``
+    follows it, ``sound=True`` on a checkpoint without it is refused.
+    """
+    problems = _collect_problems(request, recipe, spatial_factor, temporal_factor, sound)
     if problems:
         header = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
         raise PipelineError(f"{header} in render request:\n" + "\n".join(f"  {p}" for p in problems))
     defaults = TASK_DEFAULTS[request.task]
     distilled = recipe.is_distilled
+    frames, fps = _or(request.frames, defaults.frames), float(_or(request.fps, defaults.fps))
+    audible = sound.config is not None and request.task != "t2i" and request.sound is not False
     return RenderPlan(
         task=request.task,
         prompt=request.prompt,
         negative_prompt=request.negative_prompt,
         width=_or(request.width, defaults.width),
         height=_or(request.height, defaults.height),
-        frames=_or(request.frames, defaults.frames),
-        fps=float(_or(request.fps, defaults.fps)),
+        frames=frames,
+        fps=fps,
         steps=len(recipe.fixed_sigmas) if distilled else _or(request.steps, defaults.steps),
         guidance=1.0 if distilled else float(_or(request.guidance, defaults.guidance)),
         seed=request.seed,
@@ -212,4 +245,6 @@ def resolve(request: RenderRequest, recipe: SamplingRecipe, *, spatial_factor: i
         guidance_interval=None if distilled else defaults.guidance_interval,
         image=request.image,
         video=request.video,
+        sound_frames=sound.config.latent_frames(frames, fps) if audible else None,
+        sound_samples=sound.config.samples(frames, fps) if audible else None,
     )

@@ -3,6 +3,7 @@
     root = make_tiny_checkpoint(tmp_path / "ckpt")                      # base build (UniPC)
     root = make_tiny_checkpoint(tmp_path / "d", scheduler=DISTILLED_SCHEDULER)  # distilled 4-step
     root = make_tiny_checkpoint(tmp_path / "c", num_hidden_layers=3)     # transformer config override
+    root = make_tiny_checkpoint(tmp_path / "s", sound=True)              # sound_gen + a sound_tokenizer/
 
 Layout (reference §2.3, §5.2): ``model_index.json``, ``transformer/`` (diffusers
 ``Cosmos3OmniTransformer.save_pretrained``: bf16 safetensors shards, ``time_embedder`` in fp32, the
@@ -10,7 +11,8 @@ index, and a config.json that also carries the published-only keys), ``vae/`` (`
 in the Wan 2.2 shape: patchified, residual, spatial factor 16, temporal factor 4,
 ``latents_mean/std``), ``text_tokenizer/`` (word-level ``tokenizer.json`` + ``tokenizer_config.json``
 with a ChatML template) and ``scheduler/`` (UniPC on flow sigmas, or the distilled FlowMatch-Euler
-recipe).
+recipe), and with ``sound=True`` ``sound_tokenizer/`` (a tiny diffusers ``Cosmos3AVAEAudioTokenizer``,
+decoder only, 8 kHz, hop 320 = 25 latent frames per second as the published 48 kHz / 1920).
 
 Overrides: ``scheduler=`` replaces the scheduler config when it names a ``_class_name``, else is
 merged into it; ``vae=`` is merged into the VAE constructor arguments; every other key goes to the
@@ -21,6 +23,7 @@ transformer: constructor arguments when ``Cosmos3OmniTransformer`` takes them, e
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 
 import torch
@@ -71,6 +74,18 @@ TINY_VAE = {
     "scale_factor_temporal": 4,
 }
 
+# Sound: the transformer's head and a decoder with the published 25 latent frames/s (8000 Hz / 320).
+SOUND_DIM = 8
+TINY_SOUND_TOKENIZER = {
+    "sampling_rate": 8000,  # the lowest rate AAC encodes at, so tiny renders mux like real ones
+    "vocoder_input_dim": SOUND_DIM,
+    "dec_dim": 8,
+    "dec_c_mults": [1, 2, 2],
+    "dec_strides": [4, 8, 10],
+    "dec_out_channels": 2,
+    "encoder_enabled": False,  # the pipeline only decodes
+}
+
 # The distilled 4-step recipe: stochastic FlowMatch-Euler on a fixed sigma list (t_list as the
 # cosmos-framework DMD2 default).
 DISTILLED_SCHEDULER = {
@@ -116,6 +131,16 @@ def _write_vae(path: Path, seed: int, overrides: dict) -> None:
     AutoencoderKLWan(**config).save_pretrained(str(path), safe_serialization=True)
 
 
+def _write_sound_tokenizer(path: Path, seed: int) -> None:
+    from diffusers import Cosmos3AVAEAudioTokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = Cosmos3AVAEAudioTokenizer(**TINY_SOUND_TOKENIZER)
+    tokenizer.save_pretrained(str(path), safe_serialization=True)
+    index = path.parent / "model_index.json"
+    write_json(index, {**json.loads(index.read_text()), "sound_tokenizer": ["diffusers", "Cosmos3AVAEAudioTokenizer"]})
+
+
 def _scheduler_config(override: dict | None) -> dict:
     if not override:
         return dict(UNIPC_SCHEDULER)
@@ -124,13 +149,17 @@ def _scheduler_config(override: dict | None) -> dict:
     return {**UNIPC_SCHEDULER, **override}
 
 
-def make_tiny_checkpoint(root: Path, *, seed: int = 0, **overrides) -> Path:
+def make_tiny_checkpoint(root: Path, *, seed: int = 0, sound: bool = False, **overrides) -> Path:
     """Write a tiny random checkpoint under ``root`` (created) and return ``root``."""
     root = Path(root)
     scheduler = _scheduler_config(overrides.pop("scheduler", None))
     vae_overrides = overrides.pop("vae", {})
+    if sound:
+        overrides = {"sound_gen": True, "sound_dim": SOUND_DIM, **overrides}
     _write_transformer(root / "transformer", seed, overrides)
     _write_vae(root / "vae", seed, vae_overrides)
     write_tokenizer(root / "text_tokenizer", WORDS, vocab_size=VOCAB_SIZE)
     write_pipeline_files(root, scheduler)
+    if sound:
+        _write_sound_tokenizer(root / "sound_tokenizer", seed)
     return root

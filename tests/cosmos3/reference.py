@@ -75,3 +75,32 @@ def reference_forward(model, input_ids, latents, timestep, *, fps=None, conditio
         vision_noisy_frame_indexes=[torch.tensor(noisy, dtype=torch.long, device=dev)], **kwargs,
     )
     return out.sample[0][0], (out.sound[0] if out.sound is not None else None)
+
+
+def diffusers_pipeline(root, pipe, *, sound: bool = False):
+    """diffusers' published ``Cosmos3OmniPipeline`` over the checkpoint at ``root`` in fp32, sharing ``pipe``'s
+    tokenizer and VAE, with the published docs' video scheduler settings; ``sound``: diffusers loads the
+    checkpoint's ``sound_tokenizer/`` itself."""
+    from diffusers import Cosmos3AVAEAudioTokenizer, Cosmos3OmniPipeline, UniPCMultistepScheduler
+    from safetensors.torch import load_file
+
+    config = {k: v for k, v in Cosmos3OmniTransformer.load_config(root / "transformer").items()
+              if not k.startswith("_")}
+    transformer = Cosmos3OmniTransformer.from_config(config)
+    state = {}
+    for shard in sorted((root / "transformer").glob("*.safetensors")):
+        state.update(load_file(shard))
+    transformer.load_state_dict({k: v.float() for k, v in state.items()})
+    # The published docs' override of the shipped scheduler config for video.
+    scheduler = UniPCMultistepScheduler.from_config(
+        UniPCMultistepScheduler.load_config(root / "scheduler"), flow_shift=10.0, use_karras_sigmas=False
+    )
+    return Cosmos3OmniPipeline(
+        transformer=transformer.eval(),
+        text_tokenizer=pipe.tokenizer.tokenizer,
+        vae=pipe.vae.vae,
+        scheduler=scheduler,
+        sound_tokenizer=Cosmos3AVAEAudioTokenizer.from_pretrained(root / "sound_tokenizer", low_cpu_mem_usage=False)
+        if sound else None,
+        enable_safety_checker=False,
+    )

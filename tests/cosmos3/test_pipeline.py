@@ -80,12 +80,12 @@ def distilled_pipe(tmp_path_factory):
 
 
 class ModelSpy:
-    """Records, in order, the model calls of a render: encode_text, set_denoising_step, velocity."""
+    """Records, in order, the model calls of a render: encode_text, set_denoising_step, forward ("velocity")."""
 
     def __init__(self, model, monkeypatch):
         self.events: list[dict] = []
         self.caches: dict[int, list[int]] = {}  # id(cache) -> the token ids it was built from
-        encode_text, velocity, set_step = model.encode_text, model.velocity, model.set_denoising_step
+        encode_text, forward, set_step = model.encode_text, model.forward, model.set_denoising_step
 
         def spy_encode_text(input_ids):
             cache = encode_text(input_ids)
@@ -93,20 +93,21 @@ class ModelSpy:
             self.events.append({"call": "encode_text"})
             return cache
 
-        def spy_velocity(input_ids, latents, timestep, **kwargs):
+        def spy_forward(input_ids, latents, timestep, **kwargs):
+            sound = kwargs.get("sound_latents")
             self.events.append(
                 {"call": "velocity", "ids": input_ids.tolist(), "cache": id(kwargs["und_cache"]), "t": timestep,
                  "latents": latents.clone(), "condition_frames": tuple(kwargs["condition_frames"]),
-                 "fps": kwargs["fps"]}
+                 "fps": kwargs["fps"], "sound": None if sound is None else sound.clone()}
             )
-            return velocity(input_ids, latents, timestep, **kwargs)
+            return forward(input_ids, latents, timestep, **kwargs)
 
         def spy_set_step(step, num_steps):
             self.events.append({"call": "step", "step": step, "num_steps": num_steps})
             set_step(step, num_steps)
 
         monkeypatch.setattr(model, "encode_text", spy_encode_text)
-        monkeypatch.setattr(model, "velocity", spy_velocity)
+        monkeypatch.setattr(model, "forward", spy_forward)
         monkeypatch.setattr(model, "set_denoising_step", spy_set_step)
 
     def of(self, call: str) -> list[dict]:
@@ -153,7 +154,7 @@ def test_unset_fields_take_the_task_defaults(pipe, monkeypatch, task, shape, fps
         raise StopRender(tuple(latents.shape), kwargs["fps"])
 
     num_steps = []
-    monkeypatch.setattr(pipe.model, "velocity", stop)
+    monkeypatch.setattr(pipe.model, "forward", stop)
     monkeypatch.setattr(pipe.model, "set_denoising_step", lambda step, n: num_steps.append(n))
     with pytest.raises(StopRender) as stopped:
         pipe(RenderRequest(task=task, prompt=PROMPT))
@@ -290,13 +291,13 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
     gen_linear = fp8_pipe.model.step_controller.gen_linears[0]
     methods = []
-    velocity = fp8_pipe.model.velocity
+    forward = fp8_pipe.model.forward
 
     def record(*args, **kwargs):
         methods.append(gen_linear.quant_method)
-        return velocity(*args, **kwargs)
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(fp8_pipe.model, "velocity", record)
+    monkeypatch.setattr(fp8_pipe.model, "forward", record)
     out = fp8_pipe(job("t2v", steps=8))
     assert out.info["precision"] == "fp8-static"
     a16 = out.info["step_policy"]["a16_steps"]
@@ -309,27 +310,9 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
 @pytest.fixture(scope="module")
 def diffusers_pipe(root, pipe):
-    from diffusers import Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
-    from safetensors.torch import load_file
+    from tests.cosmos3.reference import diffusers_pipeline
 
-    config = {k: v for k, v in Cosmos3OmniTransformer.load_config(root / "transformer").items()
-              if not k.startswith("_")}
-    transformer = Cosmos3OmniTransformer.from_config(config)
-    state = {}
-    for shard in sorted((root / "transformer").glob("*.safetensors")):
-        state.update(load_file(shard))
-    transformer.load_state_dict({k: v.float() for k, v in state.items()})
-    # The published docs' override of the shipped scheduler config for video.
-    scheduler = UniPCMultistepScheduler.from_config(
-        UniPCMultistepScheduler.load_config(root / "scheduler"), flow_shift=10.0, use_karras_sigmas=False
-    )
-    return Cosmos3OmniPipeline(
-        transformer=transformer.eval(),
-        text_tokenizer=pipe.tokenizer.tokenizer,
-        vae=pipe.vae.vae,
-        scheduler=scheduler,
-        enable_safety_checker=False,
-    )
+    return diffusers_pipeline(root, pipe)
 
 
 @pytest.mark.parametrize(

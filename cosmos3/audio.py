@@ -1,0 +1,53 @@
+"""The checkpoint's ``sound_tokenizer/``: diffusers ``Cosmos3AVAEAudioTokenizer``, used here to decode only.
+
+Sound latents ``[sound_dim, T_s]`` (one frame per ``hop_size`` waveform samples, 25 per second in
+Nano: 48 kHz over a 1920 hop) decode to a float waveform ``[channels, T_s * hop_size]``, as the
+published pipeline's ``decode_sound`` does. The latents are not normalised (the shipped AVAE has no
+latent mean/std). What the pipeline needs to size latents is read torch-free by
+``cosmos3.config.read_sound_support``; this module holds the weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from cosmos3.config import SoundConfig
+from cosmos3.errors import CheckpointError
+
+
+class SoundTokenizer:
+    """Sound latents ``[sound_dim, T_s]`` -> waveform ``[channels, T_s * hop_size]`` at ``config.sampling_rate``."""
+
+    def __init__(self, tokenizer, config: SoundConfig):
+        if tokenizer._hop_size != config.hop_size:  # one rule for both: diffusers' own hop is what decode uses
+            raise CheckpointError(f"sound tokenizer hop {tokenizer._hop_size} != its config's {config.hop_size}")
+        self.tokenizer = tokenizer
+        self.config = config
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, config: SoundConfig, *, device: torch.device) -> SoundTokenizer:
+        """Loads in fp32 (like the VAE); a folder diffusers cannot load is a ``CheckpointError`` naming it."""
+        from diffusers import Cosmos3AVAEAudioTokenizer
+        from safetensors import SafetensorError
+
+        path = Path(path)
+        try:
+            # low_cpu_mem_usage=False: the fast path needs `accelerate`, which is not a dependency.
+            tokenizer = Cosmos3AVAEAudioTokenizer.from_pretrained(
+                str(path), torch_dtype=torch.float32, low_cpu_mem_usage=False
+            )
+        except (OSError, ValueError, RuntimeError, NotImplementedError, SafetensorError) as err:
+            raise CheckpointError(
+                f"{path}: cannot load the sound tokenizer ({type(err).__name__}: {err}); "
+                "re-export the checkpoint's sound_tokenizer/ folder, or render with sound off"
+            ) from None
+        return cls(tokenizer.to(device).eval(), config)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """``[sound_dim, T_s]`` -> float32 waveform ``[channels, T_s * hop_size]``."""
+        decoder = next(self.tokenizer.parameters())
+        waveform = self.tokenizer.decode(latents.unsqueeze(0).to(decoder.device, decoder.dtype))  # [1, ch, N]
+        return waveform[0].float()
