@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,19 +32,33 @@ class QuantConfig:
     runtime: dict | None = None  # raw ``runtime``; step_precision.py parses it strictly
 
     @classmethod
-    def from_dict(cls, raw: dict) -> QuantConfig:
-        groups = raw.get("config_groups") or {}
+    def from_dict(cls, raw: Any) -> QuantConfig:
+        """Parse ``quantization_config`` strictly by type: a malformed one is refused with the field named."""
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"quantization_config must be an object such as ModelOpt writes ({{quant_method, quant_algo, "
+                f"config_groups, ignore, ...}}), got {raw!r}"
+            )
+        groups = _typed(raw, "config_groups", dict, {})
+        for name, group in groups.items():
+            where = f"config_groups.{name}"
+            if not isinstance(group, dict):
+                raise ConfigError(f"quantization_config.{where} must be an object, got {group!r}")
+            activations = group.get("input_activations")
+            if activations is not None and not isinstance(activations, dict):
+                raise ConfigError(f"quantization_config.{where}.input_activations must be an object or null, "
+                                  f"got {activations!r}")
         static_input = bool(groups) and all(
             g.get("input_activations") is not None and g["input_activations"].get("dynamic") is False
             for g in groups.values()
         )
         return cls(
-            quant_method=str(raw.get("quant_method", "")),
-            quant_algo=str(raw.get("quant_algo", "")),
+            quant_method=_typed(raw, "quant_method", str, ""),
+            quant_algo=_typed(raw, "quant_algo", str, ""),
             static_input=static_input,
-            weight_only=bool(raw.get("weight_only", False)),
-            ignore=tuple(raw.get("ignore") or ()),
-            modules_to_not_convert=tuple(raw.get("modules_to_not_convert") or ()),
+            weight_only=_typed(raw, "weight_only", bool, False),
+            ignore=_string_list(raw, "ignore"),
+            modules_to_not_convert=_string_list(raw, "modules_to_not_convert"),
             runtime=raw.get("runtime"),
         )
 
@@ -54,6 +70,27 @@ class QuantConfig:
                 return True
         parts = module_name.split(".")
         return any(name in parts or module_name.startswith(name + ".") for name in self.modules_to_not_convert)
+
+
+def _typed(raw: dict, key: str, kind: type, default: Any) -> Any:
+    """``raw[key]`` if it has type ``kind`` (null or absent: ``default``); else a ConfigError naming the field."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise ConfigError(f"quantization_config.{key} must be {_KIND_NAMES[kind]}, got {value!r}")
+    return value
+
+
+def _string_list(raw: dict, key: str) -> tuple[str, ...]:
+    values = _typed(raw, key, list, [])
+    if not all(isinstance(v, str) for v in values):
+        raise ConfigError(f"quantization_config.{key} must be a list of module names or globs, got {values!r}")
+    return tuple(values)
+
+
+_KIND_NAMES = {str: "a string", bool: "true or false", dict: "an object", list: "a list", int: "an integer",
+               float: "a number"}
 
 
 def uses_static_fp8(config: Cosmos3Config | QuantConfig | dict | None) -> bool:
@@ -119,15 +156,20 @@ class Cosmos3Config:
 
     @classmethod
     def from_dict(cls, raw: dict) -> Cosmos3Config:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config.json must hold a JSON object, got {type(raw).__name__}")
         names = {f.name for f in fields(cls)} - {"quantization", "extra"}
         values: dict[str, Any] = {k: v for k, v in raw.items() if k in names}
         rope = raw.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise ConfigError(f"rope_scaling must be an object, got {rope!r}")
+        for name, value in values.items():
+            values[name] = _check_field(name, _FIELD_TYPES[name], value)
         if "rope_axes_dim" not in values and "mrope_section" in rope:
-            values["rope_axes_dim"] = rope["mrope_section"]
-        if "rope_axes_dim" in values:
-            values["rope_axes_dim"] = tuple(int(v) for v in values["rope_axes_dim"])
+            values["rope_axes_dim"] = _check_field("rope_scaling.mrope_section", _FIELD_TYPES["rope_axes_dim"],
+                                                   rope["mrope_section"])
         quant = raw.get("quantization_config")
-        values["quantization"] = QuantConfig.from_dict(quant) if quant else None
+        values["quantization"] = QuantConfig.from_dict(quant) if quant not in (None, {}) else None
         values["extra"] = {k: v for k, v in raw.items() if k not in names}
         config = cls(**values)
         config.validate()
@@ -263,6 +305,36 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
         sampling_rate=_positive_int(raw, "sampling_rate", path), hop_size=hop,
         channels=_positive_int(raw, "dec_out_channels", path),
     ))
+
+
+def _check_field(name: str, kind: Any, value: Any) -> Any:
+    """``value`` as field ``name`` of type ``kind`` wants it, or a ConfigError: ``"192"`` is not an int.
+
+    JSON has no int/float split for floats (``24`` is a valid ``base_fps``), but a string, or a bool
+    where a number belongs, is a writer's bug we refuse rather than coerce.
+    """
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # ``int | None``
+        options = typing.get_args(kind)
+        if value is None and type(None) in options:
+            return None
+        (kind,) = [o for o in options if o is not type(None)]
+    if typing.get_origin(kind) is tuple:
+        items = typing.get_args(kind)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            raise ConfigError(f"{name} must be a list of {len(items)} integers, got {value!r}")
+        return tuple(_check_field(f"{name}[{i}]", item, v) for i, (item, v) in enumerate(zip(items, value)))
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"{name} must be {_KIND_NAMES[kind]}, got {value!r} ({type(value).__name__})")
+    return float(value) if kind is float else value
+
+
+_FIELD_TYPES = typing.get_type_hints(Cosmos3Config)
 
 
 def check_parallel(config: Cosmos3Config | QuantConfig | dict | None, parallel: dict[str, int] | None) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from cosmos3.checkpoint import CheckpointFiles, TensorDict, load_checkpoint
+from cosmos3.checkpoint_header import fp8_modules, inspect, transformer_dir
 from cosmos3.config import Cosmos3Config, check_parallel, uses_static_fp8
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention import GEN
@@ -15,12 +16,6 @@ from cosmos3.step_precision import StepPrecisionController, resolve_policy
 from cosmos3.transformer import Cosmos3Transformer
 
 PRECISION_CHOICES = ("auto", "bf16", "fp8-dynamic", "fp8-static")
-
-
-def transformer_dir(path: str | Path) -> Path:
-    """Accept a checkpoint root (with ``transformer/``) or the transformer directory itself."""
-    path = Path(path)
-    return path / "transformer" if (path / "transformer" / "config.json").is_file() else path
 
 
 def resolve_precision(config: Cosmos3Config, precision: str, lora: object = None) -> str:
@@ -57,9 +52,9 @@ def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **
     ``"off"``; or ``{"first": n, "last": m}`` to experiment), ``parallel`` (the parallel axes the
     caller intends; static FP8 refuses any above 1) and ``lora``.
     """
-    directory = transformer_dir(path)
-    config = Cosmos3Config.from_json(directory / "config.json")
-    return build_transformer(config, CheckpointFiles(directory, device=device), device=device, **options)
+    facts = inspect(path)  # the checks `farm validate` runs, from the headers alone
+    files = CheckpointFiles(facts.directory, device=device, headers=facts.tensors)
+    return build_transformer(facts.config, files, device=device, **options)
 
 
 def build_transformer(
@@ -80,8 +75,9 @@ def build_transformer(
     if policy is not None and precision != "fp8-static":
         raise ConfigError("step precision applies to static FP8 checkpoints only; set step_precision='off'")
 
+    fp8 = fp8_modules(config, tensors.headers, tensors.directory) if precision == "fp8-static" else frozenset()
     with torch.device(device):
-        model = Cosmos3Transformer(config, precision=precision, dtype=dtype)
+        model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8)
     load_checkpoint(model, tensors)
     model.validate_after_loading()
     if policy is not None:
@@ -91,11 +87,17 @@ def build_transformer(
 
 
 def tower_linears(model: Cosmos3Transformer) -> tuple[list[Linear], list[Linear]]:
-    """The static-FP8 decoder projections of the GEN and UND towers (ignored modules excluded)."""
+    """The static-FP8 linears the step policy drives: (GEN, UND); high-precision modules excluded.
+
+    UND is the reasoner tower's projections (``to_q/k/v/out``, ``mlp``). Everything else that
+    runs W8A8 reads the GEN stream only: the GEN tower, and proj_in, proj_out, time_embedder and
+    the audio projections when the checkpoint quantized them (vLLM-Omni and TensorRT-LLM switch
+    every static-FP8 linear the same way).
+    """
     gen_names = {GEN.q, GEN.k, GEN.v, GEN.out, "mlp_moe_gen"}
     gen, und = [], []
     for name, module in model.named_modules():
         if isinstance(module, Linear) and module.quant_method.shares_input_quant:
-            parts = set(name.split("."))
-            (gen if parts & gen_names else und).append(module)
+            is_und = name.startswith("layers.") and not set(name.split(".")) & gen_names
+            (und if is_und else gen).append(module)
     return gen, und

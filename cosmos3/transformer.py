@@ -89,10 +89,13 @@ class Cosmos3Transformer(nn.Module):
     """``velocity(input_ids, latents, timestep)``: the flow-matching velocity of one sample.
 
     ``precision`` picks the decoder projections' quant method and topology: ``bf16`` and
-    ``fp8-dynamic`` fuse Q/K/V and gate/up per tower; ``fp8-static`` keeps them split.
+    ``fp8-dynamic`` fuse Q/K/V and gate/up per tower; ``fp8-static`` keeps them split and runs
+    W8A8 exactly on ``fp8_modules`` (the checkpoint's FP8 Linears, ``checkpoint_header.fp8_modules``,
+    proj_in / proj_out / time_embedder included when it quantized them), the rest high precision.
     """
 
-    def __init__(self, config: Cosmos3Config, *, precision: str = "bf16", dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, config: Cosmos3Config, *, precision: str = "bf16", dtype: torch.dtype = torch.bfloat16,
+                 fp8_modules: frozenset[str] = frozenset()):
         super().__init__()
         self.config = config
         self.precision = precision
@@ -103,16 +106,18 @@ class Cosmos3Transformer(nn.Module):
         self.skip_unread_und_mlp = True
         self.cuda_graphs = None  # a GenGraphs once cosmos3.cuda_graphs.enable_cuda_graphs(model) is called
         self._layouts: dict[tuple, GenLayout] = {}
-        quant = config.quantization
         method = get_quant_method(precision)
         split = precision == "fp8-static"
 
-        def make_linear_in(prefix: str):
+        def make_linear_in(prefix: str, *, top: bool = False, linear_dtype: torch.dtype = dtype):
             def make_linear(name: str, in_features: int, out_features, shard_keys=None) -> Linear:
-                full_name = f"{prefix}.{name}"
-                ignored = quant is not None and quant.is_ignored(full_name)
-                return Linear(in_features, out_features, quant_method=UNQUANTIZED if ignored else method,
-                              dtype=dtype, shard_keys=shard_keys)
+                full_name = f"{prefix}.{name}".lstrip(".")
+                if split:  # static FP8 follows the checkpoint, module by module
+                    chosen = method if full_name in fp8_modules else UNQUANTIZED
+                else:  # dynamic FP8 quantizes the decoder projections only
+                    chosen = UNQUANTIZED if top else method
+                return Linear(in_features, out_features, quant_method=chosen, dtype=linear_dtype,
+                              shard_keys=shard_keys, bias=top)
             return make_linear
 
         h = config.hidden_size
@@ -123,13 +128,14 @@ class Cosmos3Transformer(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm_moe_gen = RMSNorm(h, config.rms_norm_eps, dtype)
-        self.proj_in = nn.Linear(config.patch_latent_dim, h, dtype=dtype)  # vae2llm in the legacy layout
-        self.proj_out = nn.Linear(h, config.patch_latent_dim, dtype=dtype)  # llm2vae
-        self.time_embedder = TimestepEmbedding(h)
+        top = make_linear_in("", top=True)
+        self.proj_in = top("proj_in", config.patch_latent_dim, h)  # vae2llm in the legacy layout
+        self.proj_out = top("proj_out", h, config.patch_latent_dim)  # llm2vae
+        self.time_embedder = TimestepEmbedding(h, make_linear_in("time_embedder", top=True, linear_dtype=torch.float32))
         self.rotary_emb = MRoPE(config.head_dim, config.rope_theta, config.rope_axes_dim)
         if config.sound_gen:
-            self.audio_proj_in = nn.Linear(config.sound_dim, h, dtype=dtype)
-            self.audio_proj_out = nn.Linear(h, config.sound_dim, dtype=dtype)
+            self.audio_proj_in = top("audio_proj_in", config.sound_dim, h)
+            self.audio_proj_out = top("audio_proj_out", h, config.sound_dim)
             self.audio_modality_embed = nn.Parameter(torch.zeros(h, dtype=dtype))
         if config.action_gen:
             # Loaded so no checkpoint weight is silently dropped; no task drives actions yet.

@@ -17,13 +17,17 @@ def sinusoidal_timestep(t: torch.Tensor, dim: int = 256, max_period: float = 100
 
 
 class TimestepEmbedding(nn.Module):
-    """256-d sinusoid -> ``linear_2(silu(linear_1(e)))``; kept in fp32 whatever the model dtype."""
+    """256-d sinusoid -> ``linear_2(silu(linear_1(e)))``; kept in fp32 whatever the model dtype.
 
-    def __init__(self, hidden_size: int, in_channels: int = 256):
+    ``make_linear(name, in_features, out_features)`` builds each (biased, fp32) Linear: high
+    precision, or W8A8 when a checkpoint quantized it.
+    """
+
+    def __init__(self, hidden_size: int, make_linear, in_channels: int = 256):
         super().__init__()
         self.in_channels = in_channels
-        self.linear_1 = nn.Linear(in_channels, hidden_size, dtype=torch.float32)
-        self.linear_2 = nn.Linear(hidden_size, hidden_size, dtype=torch.float32)
+        self.linear_1 = make_linear("linear_1", in_channels, hidden_size)
+        self.linear_2 = make_linear("linear_2", hidden_size, hidden_size)
         self.requires_grad_(False)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:

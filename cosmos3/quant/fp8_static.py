@@ -1,8 +1,11 @@
 """ModelOpt static per-tensor FP8 (W8A8): every tensor and scale exactly as calibrated.
 
-``x_fp8 = sat_e4m3(x / input_scale)``; ``y = (x_fp8 @ W_fp8^T) * input_scale * weight_scale``
+``x_fp8 = sat_e4m3(x / input_scale)``; ``y = (x_fp8 @ W_fp8^T) * input_scale * weight_scale (+ b)``
 through ``torch._scaled_mm`` (fast accumulation off) on CUDA and on CPU alike. A layer is
-never fused: each projection keeps its own weight_scale, so nothing is rounded twice.
+never fused: each projection keeps its own weight_scale, so nothing is rounded twice. Scales
+may be 0-d (as ModelOpt writes them) or one element; they load with their shape and bytes.
+The decoder projections are bias-free; proj_in, proj_out and the time_embedder linears, when
+a checkpoint quantizes them, carry a high-precision bias added after the scaled GEMM.
 """
 
 from __future__ import annotations
@@ -38,15 +41,15 @@ class StaticFP8LinearMethod(LinearMethod):
     def create_weights(self, layer, dtype):
         if layer.is_fused:
             raise ValueError(f"static FP8 keeps projections split; got a fused layer over {layer.shard_keys}")
-        if layer.has_bias:
-            raise ValueError("static FP8 decoder projections are bias-free (attention_bias=false)")
         layer.weight = torch.nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=FP8), False)
         layer.weight_scale = torch.nn.Parameter(torch.empty((), dtype=torch.float32), False)
         layer.input_scale = torch.nn.Parameter(torch.empty((), dtype=torch.float32), False)
+        if layer.has_bias:
+            layer.bias = torch.nn.Parameter(torch.empty(layer.out_features, dtype=dtype), False)
         layer.out_dtype = dtype
 
     def checkpoint_tensors(self, layer):
-        return ("weight", "weight_scale", "input_scale")
+        return ("weight", "weight_scale", "input_scale") + (("bias",) if layer.has_bias else ())
 
     def load_weights(self, layer, shards: ShardTensors, name: str):
         (tensors,) = shards.values()
@@ -55,8 +58,10 @@ class StaticFP8LinearMethod(LinearMethod):
             require_scalar_scale(tensors[suffix], f"{name}.{suffix}")
         check_modelopt_buffers(tensors, name)
         # Keep the checkpoint's exact tensors (shape and bytes): state_dict() must give them back.
-        for suffix in self.checkpoint_tensors(layer):
+        for suffix in ("weight", "weight_scale", "input_scale"):
             setattr(layer, suffix, torch.nn.Parameter(tensors[suffix].to(layer.weight.device).clone(), False))
+        if layer.has_bias:
+            layer.bias.data.copy_(tensors["bias"].to(layer.bias.dtype))
 
     def quantize_input(self, layer, x):
         return ops.quantize_fp8(x.contiguous(), layer.input_scale.reshape(1))
@@ -67,7 +72,8 @@ class StaticFP8LinearMethod(LinearMethod):
     def apply(self, layer, x):
         # A group shares one quantization: a pre-quantized FP8 input passes straight through.
         x_fp8 = x if x.dtype == FP8 else self.quantize_input(layer, x)
-        return scaled_mm(x_fp8, layer.weight, layer.input_scale, layer.weight_scale, layer.out_dtype)
+        y = scaled_mm(x_fp8, layer.weight, layer.input_scale, layer.weight_scale, layer.out_dtype)
+        return y + layer.bias if layer.has_bias else y
 
 
 def check_modelopt_buffers(tensors: dict[str, torch.Tensor], name: str) -> None:

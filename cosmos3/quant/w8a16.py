@@ -50,4 +50,4 @@ class W8A16LinearMethod(StaticFP8LinearMethod):
                 "sharing site must stand down (a bug in the caller)"
             )
         weight = (fused_dequantize() if x.is_cuda else dequantize)(layer.weight, layer.weight_scale, x.dtype)
-        return F.linear(x, weight)
+        return F.linear(x, weight, layer.bias if layer.has_bias else None)

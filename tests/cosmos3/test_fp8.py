@@ -10,6 +10,7 @@ import torch
 import cosmos3.quant.fp8_static as fp8_static
 from cosmos3 import load_transformer, uses_static_fp8
 from cosmos3.checkpoint import SKIPPED, CheckpointFiles
+from cosmos3.checkpoint_header import linear_sites
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import MODELOPT_BUFFERS
@@ -17,6 +18,7 @@ from tests.cosmos3.checkpoint_files import write_sharded
 from tests.cosmos3.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
 
 LAYERS = 2
+TOP_LINEARS = ("proj_in", "proj_out", "time_embedder.linear_1", "time_embedder.linear_2")
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +90,13 @@ def test_topology_follows_quantization_in_every_direction(ckpts):
         [f"self_attn.{n}" for n in ("to_q", "to_k", "to_v", "to_out", "add_q_proj", "add_k_proj", "add_v_proj",
                                     "to_add_out")]
         + [f"{m}.{p}_proj" for m in ("mlp", "mlp_moe_gen") for p in ("gate", "up", "down")])
-    assert sum(isinstance(m, Linear) for m in static.modules()) == 14 * LAYERS
+    # Every Linear the model builds is a site the header reader knows (the two lists are one rule).
+    assert {n for n, m in static.named_modules() if isinstance(m, Linear)} == linear_sites(static.config)
+    assert sum(isinstance(m, Linear) for m in static.modules()) == 14 * LAYERS + len(TOP_LINEARS)
     for precision in ("bf16", "fp8-dynamic"):
         model = load_transformer(bf16, precision=precision)
         assert linear_names(model) == sorted(fused), precision
-        assert sum(isinstance(m, Linear) for m in model.modules()) == 8 * LAYERS
+        assert sum(isinstance(m, Linear) for m in model.modules()) == 8 * LAYERS + len(TOP_LINEARS)
 
 
 def test_shared_quantization_is_one_quantization_per_group(ckpts, monkeypatch):
@@ -163,7 +167,7 @@ def scale_times(key, factor):
                  r"layers.0.mlp.up_proj.weight_quantizer._amax .* disagrees", id="modelopt-buffer-disagrees"),
     pytest.param(lambda t: t.update({"layers.0.mlp.down_proj.weight_scale":
                                      t["layers.0.mlp.down_proj.weight_scale"].bfloat16()}),
-                 "layers.0.mlp.down_proj.weight_scale must be a float32 scalar", id="scale-not-fp32"),
+                 "layers.0.mlp.down_proj.weight_scale is BF16; ModelOpt writes float32 scales", id="scale-not-fp32"),
 ])
 def test_inconsistent_scales_are_refused(ckpts, tmp_path, edit, message):
     _, fp8 = ckpts
@@ -175,7 +179,7 @@ def test_static_recipe_against_an_unquantized_checkpoint_is_refused(ckpts, tmp_p
     bf16, fp8 = ckpts
     quant = json.loads((fp8 / "config.json").read_text())["quantization_config"]
     bad = rewrite(bf16, tmp_path / "bad", edit_config=lambda c: c.update(quantization_config=quant))
-    with pytest.raises(CheckpointError, match="declares ModelOpt static FP8 but .*weight is torch.bfloat16"):
+    with pytest.raises(CheckpointError, match="declares ModelOpt static FP8 but no weight is FP8"):
         load_transformer(bad)
 
 
@@ -197,7 +201,7 @@ def test_static_scale_for_a_high_precision_destination_is_refused(ckpts, tmp_pat
     bad = rewrite(out / "", tmp_path / "bad",
                   lambda t: t.update({"layers.1.mlp.down_proj.input_scale": torch.tensor(0.01)}))
     with pytest.raises(CheckpointError, match="layers.1.mlp.down_proj.input_scale: a static FP8 scale for "
-                                              "layers.1.mlp.down_proj, which is built high precision"):
+                                              "layers.1.mlp.down_proj, whose weight is BF16"):
         load_transformer(bad)
 
 
