@@ -1,7 +1,9 @@
-"""Frames -> files: one PNG for an image, an H.264 MP4 for a video.
+"""Frames -> files: one PNG for an image, an H.264 MP4 for a video (with an AAC track when it has sound),
+and a 16-bit PCM WAV of the sound on request.
 
 The path is a temp name chosen by `farm.storage.publish`, so formats are given explicitly rather than
-guessed from the extension.
+guessed from the extension. Sound keeps the sample rate the sound tokenizer decoded at: ffmpeg is told
+that rate for input and output, so it never resamples.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -19,6 +23,37 @@ import numpy as np
 # Visually lossless H.264; yuv420p is what browsers and players decode; faststart puts the index first
 # so a partially downloaded file starts playing.
 _MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-preset", "medium", "-movflags", "+faststart"]
+# The sampling frequencies an AAC stream can signal (ISO 14496-3 table 1.18); others would need resampling.
+AAC_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
+_AAC_PARAMS = ["-b:a", "192k"]
+
+
+@dataclass(frozen=True)
+class Soundtrack:
+    """A render's sound: the float waveform ``[channels, N]`` (nominally in [-1, 1]) and its sample rate."""
+
+    waveform: np.ndarray
+    sampling_rate: int  # Hz
+
+    def __post_init__(self):
+        w = self.waveform
+        if not isinstance(w, np.ndarray) or w.ndim != 2 or w.dtype.kind != "f" or not 1 <= w.shape[0] <= 8:
+            shape = getattr(w, "shape", None)
+            raise ValueError(f"sound must be a float waveform [channels, N], got {getattr(w, 'dtype', type(w))} {shape}")
+        if not np.isfinite(w).all():
+            raise ValueError("sound holds NaN or infinite samples")
+        if not isinstance(self.sampling_rate, int) or self.sampling_rate <= 0:
+            raise ValueError(f"sampling_rate must be a positive whole number of Hz, got {self.sampling_rate!r}")
+
+    @property
+    def duration(self) -> float:
+        return self.waveform.shape[1] / self.sampling_rate
+
+    def record(self) -> dict:
+        """What a sidecar says about it."""
+        channels, samples = self.waveform.shape
+        return {"sampling_rate": self.sampling_rate, "channels": channels, "samples": samples,
+                "duration": self.duration}
 
 
 def _check(frames: np.ndarray) -> None:
@@ -34,16 +69,49 @@ def write_png(frames: np.ndarray, path: Path) -> None:
     iio.imwrite(path, frames[0], extension=".png")
 
 
-def write_mp4(frames: np.ndarray, fps: float, path: Path) -> None:
-    """Writes an H.264 MP4 through imageio-ffmpeg's bundled ffmpeg."""  # frames: [T, H, W, 3]
-    _check(frames)
+def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | None = None) -> None:
+    """Writes an H.264 MP4 (plus an AAC track of ``sound``) through imageio-ffmpeg's bundled ffmpeg."""
+    _check(frames)  # [T, H, W, 3]
+    if sound is not None and sound.sampling_rate not in AAC_RATES:
+        raise ValueError(
+            f"sound at {sound.sampling_rate} Hz cannot be an AAC track without resampling; "
+            f"AAC carries {', '.join(map(str, AAC_RATES))} Hz"
+        )
     # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
     # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
     # and only this process copies the result to `path`.
-    with tempfile.TemporaryDirectory(prefix=f"{_scratch_prefix()}{os.getpid()}-") as scratch:
+    with _scratch() as scratch:
         local = Path(scratch) / "video.mp4"
-        _encode_h264(frames, fps, local)
+        audio = None
+        if sound is not None:  # float WAV, so the AAC encoder sees the decoded samples, not a 16-bit copy
+            audio = Path(scratch) / "sound.wav"
+            _encode_wav(sound, audio, codec="pcm_f32le")
+        _encode_h264(frames, fps, local, audio)
         shutil.copyfile(local, path)
+
+
+def write_wav(sound: Soundtrack, path: Path) -> None:
+    """Writes ``sound`` as a 16-bit PCM WAV at its own sample rate (samples beyond [-1, 1] clip)."""
+    with _scratch() as scratch:
+        local = Path(scratch) / "sound.wav"
+        _encode_wav(sound, local, codec="pcm_s16le")
+        shutil.copyfile(local, path)
+
+
+def _scratch() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix=f"{_scratch_prefix()}{os.getpid()}-")
+
+
+def _encode_wav(sound: Soundtrack, path: Path, *, codec: str) -> None:
+    channels = sound.waveform.shape[0]
+    samples = np.ascontiguousarray(sound.waveform.T, dtype="<f4")  # [N, channels]: ffmpeg reads interleaved
+    rate = str(sound.sampling_rate)
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error",
+               "-f", "f32le", "-ar", rate, "-ac", str(channels), "-i", "-",
+               "-c:a", codec, "-ar", rate, "-f", "wav", str(path)]
+    done = subprocess.run(command, input=samples.tobytes(), capture_output=True)
+    if done.returncode:
+        raise RuntimeError(f"ffmpeg could not write {path.name}: {done.stderr.decode(errors='replace').strip()}")
 
 
 def _scratch_prefix() -> str:
@@ -76,12 +144,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _encode_h264(frames: np.ndarray, fps: float, path: Path) -> None:
+def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None = None) -> None:
     _, height, width, _ = frames.shape
     # Sizes are multiples of 16 (manifest rule), so ffmpeg never rescales to its macro-block size.
+    # The WAV's rate is the AAC track's: ffmpeg keeps an input's rate when no -ar asks otherwise.
     writer = imageio_ffmpeg.write_frames(
         str(path), (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
-        quality=None, macro_block_size=16, output_params=_MP4_PARAMS,
+        quality=None, macro_block_size=16, output_params=_MP4_PARAMS + (_AAC_PARAMS if audio else []),
+        audio_path=None if audio is None else str(audio), audio_codec="aac" if audio else None,
     )
     writer.send(None)  # start ffmpeg
     try:
@@ -91,8 +161,8 @@ def _encode_h264(frames: np.ndarray, fps: float, path: Path) -> None:
         writer.close()
 
 
-def write_media(frames: np.ndarray, fps: float, path: Path, *, image: bool) -> None:
+def write_media(frames: np.ndarray, fps: float, path: Path, *, image: bool, sound: Soundtrack | None = None) -> None:
     if image:
         write_png(frames, path)
     else:
-        write_mp4(frames, fps, path)
+        write_mp4(frames, fps, path, sound)

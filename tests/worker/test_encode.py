@@ -87,3 +87,92 @@ def test_an_mp4_encode_leaves_no_scratch_folder(tmp_path):
     before = set(Path(tempfile.gettempdir()).glob("farm-encode-*"))
     encode.write_mp4(_frames(3, 16, 16), 8.0, tmp_path / "clip.mp4")
     assert set(Path(tempfile.gettempdir()).glob("farm-encode-*")) == before
+
+
+# -- sound --------------------------------------------------------------------------------------------
+# Read back with ffmpeg's demuxer and decoder (not our encode path) and with Python's own wave module.
+
+RATE = 8000
+
+
+def _tone(hz: float, seconds: float, rate: int = RATE, channels: int = 2) -> encode.Soundtrack:
+    t = np.arange(int(seconds * rate)) / rate
+    wave_ = 0.5 * np.sin(2 * np.pi * hz * t).astype(np.float32)
+    return encode.Soundtrack(np.stack([wave_] * channels), rate)
+
+
+def _audio_streams(path: Path) -> list[str]:
+    """The `Audio:` stream lines ffmpeg prints for ``path``."""
+    info = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(path)],
+                          capture_output=True, text=True).stderr
+    return [line.strip() for line in info.splitlines() if "Audio:" in line]
+
+
+def _decoded_audio(path: Path, channels: int) -> np.ndarray:
+    """The first audio track, decoded to float32 ``[N, channels]`` at its own rate."""
+    raw = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(path), "-map", "0:a:0",
+                          "-f", "f32le", "-acodec", "pcm_f32le", "-"], capture_output=True, check=True).stdout
+    return np.frombuffer(raw, dtype="<f4").reshape(-1, channels)
+
+
+def _peak_hz(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.fft.rfftfreq(len(samples), 1 / rate)[np.argmax(spectrum)])
+
+
+@pytest.mark.parametrize("rate", [8000, 48000])
+def test_mp4_with_sound_has_an_aac_track_at_the_decoded_rate_and_the_clips_duration(tmp_path, rate):
+    frames = _frames(9, 32, 48)
+    sound = _tone(440.0, 9 / 24.0, rate)  # exactly the clip's 0.375 s
+    path = tmp_path / ".clip.mp4.a1.1.tmp"
+    encode.write_mp4(frames, 24.0, path, sound)
+
+    (stream,) = _audio_streams(path)
+    assert "aac" in stream and f"{rate} Hz" in stream and "stereo" in stream
+    decoded = _decoded_audio(path, 2)
+    # AAC codes whole 1024-sample frames; the MP4 edit list trims the encoder delay and padding back off.
+    assert len(decoded) == sound.waveform.shape[1]
+    assert _peak_hz(decoded[:, 0], rate) == pytest.approx(440.0, abs=rate / len(decoded))
+    reader = imageio_ffmpeg.read_frames(str(path))  # the picture is unchanged by the extra track
+    meta = next(reader)
+    assert (meta["codec"], meta["fps"]) == ("h264", 24.0) and sum(1 for _ in reader) == 9
+
+
+def test_mp4_without_sound_has_no_audio_track(tmp_path):
+    path = tmp_path / "silent.mp4"
+    encode.write_mp4(_frames(5, 16, 16), 24.0, path)
+    assert _audio_streams(path) == []
+
+
+def test_wav_is_16_bit_pcm_at_the_decoded_rate(tmp_path):
+    import wave
+
+    sound = _tone(660.0, 0.5)
+    sound.waveform[1] *= -1  # the channels differ, so their order is checked
+    path = tmp_path / ".clip.wav.a1.1.tmp"
+    encode.write_wav(sound, path)
+    with wave.open(str(path)) as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (2, 2, RATE)
+        pcm = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").reshape(-1, 2)
+    assert pcm.shape == (4000, 2)
+    np.testing.assert_allclose(pcm.T / 32768.0, sound.waveform, atol=2 / 32768)
+
+
+@pytest.mark.parametrize(
+    "waveform,rate,message",
+    [
+        pytest.param(np.zeros(100, np.float32), RATE, r"float waveform \[channels, N\]", id="no-channel-axis"),
+        pytest.param(np.zeros((2, 100), np.int16), RATE, r"float waveform \[channels, N\]", id="integers"),
+        pytest.param(np.full((2, 100), np.nan, np.float32), RATE, "NaN or infinite", id="nan"),
+        pytest.param(np.zeros((2, 100), np.float32), 0, "positive whole number of Hz", id="rate"),
+    ],
+)
+def test_bad_sound_is_refused(waveform, rate, message):
+    with pytest.raises(ValueError, match=message):
+        encode.Soundtrack(waveform, rate)
+
+
+def test_a_rate_aac_cannot_carry_is_refused_rather_than_resampled(tmp_path):
+    with pytest.raises(ValueError, match=r"400 Hz cannot be an AAC track without resampling"):
+        encode.write_mp4(_frames(5, 16, 16), 24.0, tmp_path / "x.mp4", _tone(100.0, 0.2, rate=400))
+    assert not (tmp_path / "x.mp4").exists()
