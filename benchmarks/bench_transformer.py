@@ -13,7 +13,12 @@ variant: step time (median, CUDA events), GEN-linear time and attention time mea
 (their share of the step), weight memory of the decoder projections, peak memory of a step over
 the resident weights, and memory left behind after the step (a W8A16 step must leave none).
 
+``--sound`` (video shapes): the layers also carry Nano's sound head, and every variant of ours is
+measured again with the clip's sound tokens in the GEN stream (720p / 189 frames at 24 fps = 7.875 s
+= 197 sound latent frames at 48 kHz / 1920), so a second table gives the per-step cost of sound.
+
     python benchmarks/bench_transformer.py --layers 4 --tokens 1024 44160
+    python benchmarks/bench_transformer.py --layers 4 --tokens 44160 --sound --no-diffusers
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cosmos3.checkpoint import TensorDict  # noqa: E402
-from cosmos3.config import Cosmos3Config  # noqa: E402
+from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
 from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, calibrate_input_amax, quantization_config, quantize_tensors  # noqa: E402
 from cosmos3.layers.attention import _sdpa  # noqa: E402
@@ -37,13 +42,16 @@ from cosmos3.quant import STATIC_FP8  # noqa: E402
 
 # GEN tokens -> latent [C, T, H, W]: 1,024 = T2I 1024x1024; 44,160 = 720p, 189 frames (45 rows pad to 46).
 LATENT_SHAPES = {1024: (48, 1, 64, 64), 44160: (48, 48, 45, 80)}
+# Nano's sound: 64-d latents, 25 per second (the published AVAE decodes 48 kHz over a 1920-sample hop).
+NANO_SOUND = SoundConfig(sound_dim=64, latent_fps=25.0, sampling_rate=48000, hop_size=1920, channels=2)
 
 
-def nano_config(layers: int, vocab: int) -> dict:
+def nano_config(layers: int, vocab: int, sound: bool = False) -> dict:
     return dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=layers, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=vocab, latent_channel=48, latent_patch_size=2,
                 patch_latent_dim=192, rope_theta=5e6,
-                rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"})
+                rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+                sound_gen=sound, sound_dim=NANO_SOUND.sound_dim if sound else None)
 
 
 def timed(fn, iters: int, warmup: int) -> float:
@@ -117,11 +125,11 @@ def fuse_static_fp8(bf16_model, fp8_model) -> None:
         fused.quant_method = STATIC_FP8  # apply() only needs the tensors; the fused layout is the point
 
 
-def build_models(layers: int, vocab: int, with_diffusers: bool):
+def build_models(layers: int, vocab: int, with_diffusers: bool, sound: bool):
     from diffusers import Cosmos3OmniTransformer
 
     torch.manual_seed(0)
-    cfg = nano_config(layers, vocab)
+    cfg = nano_config(layers, vocab, sound)
     with torch.device("cuda"):  # initialise on the GPU: a CPU init of billions of params takes minutes
         reference = Cosmos3OmniTransformer(**cfg).to(torch.bfloat16).eval()
     reference.time_embedder.float()
@@ -152,17 +160,20 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-diffusers", action="store_true")
+    parser.add_argument("--sound", action="store_true", help="also measure each variant with the clip's sound tokens")
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"GPU {props.name}, sm_{props.major}{props.minor}, CUDA {torch.version.cuda}, torch {torch.__version__}; "
           f"Nano-shaped layers: {args.layers} (of 36), text tokens {args.text_tokens}")
-    reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers)
+    reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound)
     print(f"decoder projection weights: bf16 {projection_gib(bf16):.2f} GiB, fp8 split {projection_gib(fp8):.2f} GiB "
           f"({projection_gib(fp8) / projection_gib(bf16):.2f}x)")
     ids = torch.randint(0, args.vocab, (args.text_tokens,), device="cuda")
     for n in args.tokens:
         rows = run_shape(n, ids, reference, bf16, fp8, fused, args)
         print_table(n, rows)
+        if any(SOUND in name for name in rows):
+            print_sound_table(n, rows)
 
 
 def graphed(fn):
@@ -178,14 +189,23 @@ def graphed(fn):
     return graph.replay
 
 
+SOUND = " +sound"
+
+
 def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
     latents = torch.randn(LATENT_SHAPES[n], device="cuda", dtype=torch.bfloat16)
-    fps = 24.0 if latents.shape[1] > 1 else None
-    x = torch.randn(n, bf16.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    video = latents.shape[1] > 1
+    fps = 24.0 if video else None
+    sound = None
+    if args.sound and video:  # the clip's sound latents: [64, T_s], T_s from its duration
+        frames = (latents.shape[1] - 1) * 4 + 1
+        sound = torch.randn(NANO_SOUND.sound_dim, NANO_SOUND.latent_frames(frames, fps), device="cuda",
+                            dtype=torch.bfloat16)
     caches = {m: m.encode_text(ids) for m in (bf16, fp8, fused)}
 
-    def step(model, cached=True):
-        return lambda: model.velocity(ids, latents, 500.0, fps=fps, und_cache=caches[model] if cached else None)
+    def step(model, cached=True, sound=None):
+        cache = caches[model] if cached else None
+        return lambda: model(ids, latents, 500.0, fps=fps, und_cache=cache, sound_latents=sound)
 
     ours = {"bf16": bf16, "fp8 split": fp8, "fp8 fused": fused, "w8a16 step": fp8}
     rows = {}
@@ -194,18 +214,22 @@ def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
 
         rows["diffusers"] = measure(lambda: reference_forward(reference, ids, latents, 500.0, fps=fps), None, args)
     rows["bf16 no-cache"] = measure(step(bf16, cached=False), None, args)
+    streams = [("", None)] + ([(SOUND, sound)] if sound is not None else [])
     for mode in ("eager", "graphs"):
-        attention = lambda: attention_only(bf16, n, ids.numel())  # noqa: E731
-        attention = graphed(attention) if mode == "graphs" else attention
-        attention_ms = timed(attention, args.iters, args.warmup)
-        for name, model in ours.items():
-            # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
-            fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
-            if mode == "graphs" and model.cuda_graphs is None:
-                enable_cuda_graphs(model)
-            linears = lambda model=model: gen_linears(model, x)  # noqa: E731
-            linears = graphed(linears) if mode == "graphs" else linears
-            rows[f"{name} ({mode})"] = measure(step(model), linears, args, attention_ms)
+        for extra, tokens in streams:
+            n_gen = n + (0 if tokens is None else tokens.shape[1])
+            attention = lambda n_gen=n_gen: attention_only(bf16, n_gen, ids.numel())  # noqa: E731
+            attention = graphed(attention) if mode == "graphs" else attention
+            attention_ms = timed(attention, args.iters, args.warmup)
+            x = torch.randn(n_gen, bf16.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+            for name, model in ours.items():
+                # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
+                fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
+                if mode == "graphs" and model.cuda_graphs is None:
+                    enable_cuda_graphs(model)
+                linears = lambda model=model: gen_linears(model, x)  # noqa: E731
+                linears = graphed(linears) if mode == "graphs" else linears
+                rows[f"{name}{extra} ({mode})"] = measure(step(model, sound=tokens), linears, args, attention_ms)
     for model in ours.values():
         model.cuda_graphs = None
     fp8.set_denoising_step(17, 35)
@@ -218,6 +242,17 @@ def measure(step, linears, args, attention_ms=float("nan")) -> dict:
     peak, left = peak_over_resident(step)
     linear_ms = timed(linears, args.iters, args.warmup) if linears else float("nan")
     return dict(step=step_ms, linears=linear_ms, attention=attention_ms, peak=peak, left=left)
+
+
+def print_sound_table(n: int, rows: dict) -> None:
+    print(f"\n### sound tokens' per-step cost at {n:,} GEN tokens (each variant silent vs with the clip's sound)")
+    print("| variant | silent step ms | with sound ms | extra ms | extra |")
+    print("|---|---|---|---|---|")
+    for name, r in rows.items():
+        if SOUND in name:
+            silent = rows[name.replace(SOUND, "")]
+            print(f"| {name.replace(SOUND, '')} | {silent['step']:.2f} | {r['step']:.2f} "
+                  f"| {r['step'] - silent['step']:+.2f} | {r['step'] / silent['step'] - 1:+.1%} |")
 
 
 def print_table(n: int, rows: dict) -> None:

@@ -255,7 +255,7 @@ def snr_db(reference: np.ndarray, signal: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def fp8_pipe(root, tmp_path_factory):
+def fp8_root(root, tmp_path_factory):
     from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8
 
     def calibrate(model):  # the sound tokens pass through every GEN projection too
@@ -264,8 +264,12 @@ def fp8_pipe(root, tmp_path_factory):
             model(torch.tensor([5, 9, 17, 3, 44]), torch.randn(8, 3, 2, 3, generator=g), t, fps=24.0,
                   sound_latents=torch.randn(8, 10, generator=g))
 
-    fp8 = export_static_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", calibrate, step_policy=PUBLISHED_STEP_POLICY)
-    return Cosmos3Pipeline.from_pretrained(fp8, device="cpu", dtype=torch.float32)
+    return export_static_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", calibrate, step_policy=PUBLISHED_STEP_POLICY)
+
+
+@pytest.fixture(scope="module")
+def fp8_pipe(fp8_root):
+    return Cosmos3Pipeline.from_pretrained(fp8_root, device="cpu", dtype=torch.float32)
 
 
 def test_static_fp8_renders_sound_with_each_steps_precision_set_before_both_passes(pipe, fp8_pipe, monkeypatch):
@@ -287,3 +291,15 @@ def test_static_fp8_renders_sound_with_each_steps_precision_set_before_both_pass
     assert methods == [W8A16 if i in a16 else STATIC_FP8 for i in range(8) for _branch in ("cond", "uncond")]
     # The waveform stays a close copy of the fp32 render's (measured: 59 dB).
     assert snr_db(pipe(job("t2v", steps=8)).sound, out.sound) > 40.0
+
+
+@pytest.mark.gpu
+def test_cuda_static_fp8_sound_render_with_graphs_equals_eager_and_stays_close_to_bf16(root, fp8_root):
+    request = job("t2v", seed=3, steps=8)  # steps 0-2 and 5-7 W8A16, 3-4 W8A8: both graph modes replay
+    eager = Cosmos3Pipeline.from_pretrained(fp8_root, device="cuda", cuda_graphs=False)(request)
+    graphed = Cosmos3Pipeline.from_pretrained(fp8_root, device="cuda")(request)
+    assert eager.info["precision"] == "fp8-static"
+    assert np.array_equal(graphed.frames, eager.frames)
+    assert np.array_equal(graphed.sound, eager.sound)
+    bf16 = Cosmos3Pipeline.from_pretrained(root, device="cuda")(request)
+    assert snr_db(bf16.sound, graphed.sound) > 20.0
