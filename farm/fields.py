@@ -5,6 +5,7 @@ The message of `Invalid` is the rule, written to follow `<field>: ` in an error 
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import Any, Callable
 
@@ -109,9 +110,9 @@ def seeds(value: Any) -> tuple[int, ...]:
     if not isinstance(value, list) or not value:
         raise Invalid(f"expected a non-empty list of seeds, {_got(value)}")
     clean = tuple(integer(0)(seed) for seed in value)
-    repeated = sorted({s for s in clean if clean.count(s) > 1})
-    if repeated:
-        raise Invalid(f"seed {repeated[0]} is listed twice")
+    if len(set(clean)) < len(clean):
+        repeated = min(seed for seed, count in collections.Counter(clean).items() if count > 1)
+        raise Invalid(f"seed {repeated} is listed twice")
     return clean
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from farm import checkpoint, fields
-from farm.document import Document, Path_, format_path, parse
+from farm import document
+from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, Problem
 
 VERSION = 1
@@ -118,8 +119,8 @@ def load(path: str | os.PathLike) -> Manifest:
     # Raises: ManifestError listing every problem; OSError if the file cannot be read.
     """
     path = Path(path).resolve()
-    data = path.read_bytes()
-    doc = parse(data.decode("utf-8", errors="replace"))
+    data = document.read(path)
+    doc = document.parse(data)
     return _Resolver(path, doc, hashlib.sha256(data).hexdigest()).resolve()
 
 
