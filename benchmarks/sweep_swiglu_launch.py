@@ -15,7 +15,7 @@ import argparse
 import torch
 from bench_swiglu import copy_tbps, machine_line, median_ms
 
-from cosmos3 import ops
+from cosmos3 import ops, ops_loader
 from cosmos3.launch_table import LaunchParams
 
 M, I = 32760, 16384
@@ -28,7 +28,7 @@ def sweep(ext, sm: int, op: str, variants: dict[str, tuple], reps: int, copy: fl
     print("| threads | vectors/thread | " + " | ".join(f"{name} ms | % copy" for name in variants) + " |")
     best, best_ms = None, float("inf")
     for params in CONFIGS:
-        ops.set_launch_params(ext, sm, {op: params})
+        ops_loader.set_launch_params(ext, sm, {op: params})
         times = [median_ms(fn, reps) for fn, _ in variants.values()]
         cells = [f"{ms:.4f} | {100 * nbytes / ms / 1e9 / copy:5.1f}%"
                  for ms, (_, nbytes) in zip(times, variants.values())]
@@ -44,8 +44,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=50)
     args = parser.parse_args()
 
-    ext = ops.load_cuda_ops()
-    sm = ops.sm_version(torch.cuda.current_device())
+    ext = ops.load_cuda_ops().module
+    sm = ops_loader.sm_version(torch.cuda.current_device())
     gen = torch.Generator(device="cuda").manual_seed(0)
     gate = (torch.randn(M, I, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     up = (torch.randn(M, I, device="cuda", generator=gen) * 2).to(torch.bfloat16)

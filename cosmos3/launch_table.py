@@ -2,7 +2,7 @@
 
 Each op's kernel is a flat elementwise map: a block of ``threads`` threads, each loading
 ``vectors_per_thread`` 16-byte vectors of every input before it computes (so that many loads are in
-flight), over a grid that covers the whole tensor. ``cosmos3.ops.load_cuda_ops`` hands every visible
+flight), over a grid that covers the whole tensor. ``cosmos3.ops_loader.load_cuda_ops`` hands every visible
 device's row to the CUDA extension; ``benchmarks/sweep_swiglu_launch.py`` measures a new row.
 """
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Compile-only check of every csrc/*.cu for sm_90 (H200) and sm_100 (B200), so a kernel that does not
-# build cannot land. The .cu files are torch-free, so plain nvcc works; the defines are the ones
-# torch.utils.cpp_extension passes, so code that needs them fails here too. Objects go to a temp dir.
+# Compile-only check of every cosmos3/csrc/*.cu for the targets the wheel is built for (cosmos3/ops_build.py:
+# sm_90 for H200, sm_100 for B200, compute_100 PTX; TORCH_CUDA_ARCH_LIST overrides, as for the wheel), so a
+# kernel that does not build cannot land. The .cu files are torch-free, so plain nvcc works; the defines are
+# the ones torch.utils.cpp_extension passes, so code that needs them fails here too. Objects go to a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}
-ARCHS=(90 100)
+mapfile -t GENCODES < <(python3 cosmos3/ops_build.py)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -13,15 +14,15 @@ flags=(-std=c++17 -O3 --Werror all-warnings --expt-relaxed-constexpr
        -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
        -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__)
 
-# One nvcc per (file, arch), all at once: each compiles its device code on one core.
+# One nvcc per (file, target), all at once: each compiles its device code on one core.
 pids=()
 names=()
-for src in csrc/*.cu; do
-  for arch in "${ARCHS[@]}"; do
-    "$NVCC" "${flags[@]}" -gencode="arch=compute_${arch},code=sm_${arch}" -c "$src" \
-      -o "$out/$(basename "$src" .cu).sm_${arch}.o" &
+for src in cosmos3/csrc/*.cu; do
+  for gencode in "${GENCODES[@]}"; do
+    target=${gencode##*code=}
+    "$NVCC" "${flags[@]}" "$gencode" -c "$src" -o "$out/$(basename "$src" .cu).${target}.o" &
     pids+=($!)
-    names+=("sm_${arch} $src")
+    names+=("${target} $src")
   done
 done
 

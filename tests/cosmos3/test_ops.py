@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,9 +16,9 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from cosmos3 import launch_table, ops
+from cosmos3 import launch_table, ops, ops_build, ops_cpu, ops_loader
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+CSRC = ops_build.CSRC  # the installed package's sources
 FP8 = torch.float8_e4m3fn
 CHUNK = 1 << 22  # elements per CPU-reference call on large GPU shapes: bounded host memory
 
@@ -111,7 +110,7 @@ def _specials(dtype: torch.dtype) -> torch.Tensor:
 # --- an independent numpy formula of the documented arithmetic ---
 
 def _np_fma(a, b, c) -> np.ndarray:
-    """Correctly rounded fp32 fma, another way than ops._fma_f32: in fp64 the product is exact and the sum t
+    """Correctly rounded fp32 fma, another way than ops_cpu.fma_f32: in fp64 the product is exact and the sum t
     rounds once; rounding t to fp32 is then right unless t lies exactly halfway between two fp32 values while
     the sum was inexact, and then the sign of the sum's error decides."""
     a, b, c = (np.asarray(v, np.float64) for v in (a, b, c))
@@ -145,8 +144,8 @@ def _np_swiglu(g: np.ndarray, u: np.ndarray, scale: float | None, limit: float |
         x = np.fmin(np.fmax(g, f32(bounds[0])), f32(bounds[1])).astype(np.float64) * float(coef)
         n = np.rint(x)
         f = (x - n).astype(np.float32)
-        p = _np_fma(ops.EXP2_COEFFS[4], f, ops.EXP2_COEFFS[3])
-        for c in (*ops.EXP2_COEFFS[2::-1], 1.0):
+        p = _np_fma(ops_cpu.EXP2_COEFFS[4], f, ops_cpu.EXP2_COEFFS[3])
+        for c in (*ops_cpu.EXP2_COEFFS[2::-1], 1.0):
             p = _np_fma(p, f, c)
         sigmoid = _np_reciprocal(np.ldexp(p, n.astype(np.int32)) + f32(1))
         out = (g * (u + f32(beta))) * sigmoid
@@ -224,16 +223,17 @@ def test_cpu_impl_equals_independent_formula_bit_for_bit(dtype, kwargs, fp8_out)
 
 
 def test_constants_agree_with_the_kernel():
-    assert ops.LOG2E_F32 == float(np.float32(np.log2(np.e)))
+    assert ops_cpu.LOG2E_F32 == float(np.float32(np.log2(np.e)))
     source = (CSRC / "silu_and_mul_2in.cu").read_text()
     hex_float = r"(0x[0-9a-fp.+-]+)f;"
     assert [float.fromhex(h) for h in re.findall(r"constexpr float kExp2C\d = " + hex_float, source)] == list(
-        ops.EXP2_COEFFS)
-    assert float.fromhex(re.search(r"constexpr float kLog2e = " + hex_float, source).group(1)) == ops.LOG2E_F32
+        ops_cpu.EXP2_COEFFS)
+    assert float.fromhex(re.search(r"constexpr float kLog2e = " + hex_float, source).group(1)) == ops_cpu.LOG2E_F32
     bounds = [float(b) for b in re.findall(r"constexpr double kExp2M(?:in|ax) = ([-0-9.]+);", source)]
-    assert bounds == [ops.EXP2_MIN, ops.EXP2_MAX]
-    assert int(re.search(r"constexpr uint32_t kRecipSeed = (0x[0-9A-Fa-f]+)u;", source).group(1), 16) == ops.RECIP_SEED
-    assert int(re.search(r"constexpr int kNewtonSteps = (\d+);", source).group(1)) == ops.NEWTON_STEPS
+    assert bounds == [ops_cpu.EXP2_MIN, ops_cpu.EXP2_MAX]
+    seed = re.search(r"constexpr uint32_t kRecipSeed = (0x[0-9A-Fa-f]+)u;", source).group(1)
+    assert int(seed, 16) == ops_cpu.RECIP_SEED
+    assert int(re.search(r"constexpr int kNewtonSteps = (\d+);", source).group(1)) == ops_cpu.NEWTON_STEPS
 
 
 def test_reciprocal_is_within_half_an_ulp_over_its_whole_range():
@@ -242,7 +242,7 @@ def test_reciprocal_is_within_half_an_ulp_over_its_whole_range():
     mantissas = np.arange(1 << 23, dtype=np.int64)
     d = np.concatenate([((127 + e) << 23 | mantissas).astype(np.int32).view(np.float32) for e in (0, 1)]
                        + [np.float32([2.0 ** 125.5, 2.0 ** 124])])
-    r = ops._reciprocal(torch.from_numpy(d)).numpy().astype(np.float64)
+    r = ops_cpu.reciprocal(torch.from_numpy(d)).numpy().astype(np.float64)
     exact = 1 / d.astype(np.float64)
     ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
     assert (np.abs(r - exact) / ulp).max() < 0.5006
@@ -270,7 +270,7 @@ def test_fma_emulations_are_correctly_rounded():
     exact = np.array([_exact_fma_f32(*map(float, abc)) for abc in zip(a, b, c)], np.float32)
     assert exact[-1] == np.float32(1 + 2.0 ** -23)
     np.testing.assert_array_equal(_np_fma(a, b, c), exact)
-    ours = np.array([ops._fma_f32(torch.tensor([x]), float(y), float(z)).item() for x, y, z in zip(a, b, c)])
+    ours = np.array([ops_cpu.fma_f32(torch.tensor([x]), float(y), float(z)).item() for x, y, z in zip(a, b, c)])
     np.testing.assert_array_equal(ours.astype(np.float32), exact)
 
 
@@ -353,20 +353,6 @@ def test_unknown_arch_gets_the_default_row_and_one_log_line(monkeypatch):
     assert [c["sm"] for c in calls] == [999]
 
 
-def test_missing_nvcc_is_a_clear_error(monkeypatch):
-    from torch.utils import cpp_extension
-
-    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
-    with pytest.raises(RuntimeError, match="needs nvcc"):
-        ops._require_toolchain()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
-def test_load_cuda_ops_without_a_gpu_says_so():
-    with pytest.raises(RuntimeError, match="no CUDA device"):
-        ops.load_cuda_ops()
-
-
 # --- GPU (H200) ---
 
 GPU_SHAPES = [
@@ -412,19 +398,19 @@ def test_gpu_matches_cpu_impl_bit_for_bit(shape, dtype, fp8_out):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", INPUT_DTYPES)
 def test_gpu_every_launch_config_gives_the_same_bits(dtype):
-    ext = ops.load_cuda_ops()
-    sm = ops.sm_version(torch.cuda.current_device())
+    ext = ops.load_cuda_ops().module
+    sm = ops_loader.sm_version(torch.cuda.current_device())
     gate, up = _random_gate_up((1001, 1031), dtype)  # several blocks, a partial last block and a 7-element tail
     scale = _scale(0.02, "cuda")
     swiglu = _cpu_reference(gate, up, scale)
     quantized = ops.quantize_fp8(gate.cpu(), scale.cpu())
     try:
         for params in LAUNCH_CONFIGS:
-            ops.set_launch_params(ext, sm, dict.fromkeys(launch_table.OPS, params))
+            ops_loader.set_launch_params(ext, sm, dict.fromkeys(launch_table.OPS, params))
             assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale).cpu(), swiglu)
             assert_same_bits(ops.quantize_fp8(gate, scale).cpu(), quantized)
     finally:
-        ops.set_launch_params(ext, sm, launch_table.launch_params(sm))
+        ops_loader.set_launch_params(ext, sm, launch_table.launch_params(sm))
 
 
 @pytest.mark.gpu

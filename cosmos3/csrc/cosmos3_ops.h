@@ -2,7 +2,7 @@
 //
 // Torch-free on purpose: plain pointers, element counts and a stream in, a cudaError_t out, so every
 // .cu file compiles with nvcc alone (scripts/compile_csrc.sh). torch_bindings.cpp checks the tensors and
-// calls these; cosmos3/ops.py holds the CPU impls that reproduce the kernels' arithmetic bit for bit.
+// calls these; cosmos3/ops_cpu.py holds the CPU impls that reproduce the kernels' arithmetic bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,7 +30,7 @@ struct SwigluScalars {
   bool has_limit;
 };
 
-// Rounds alpha, beta and *limit (nullptr: no limit) to fp32 exactly as cosmos3/ops.py does.
+// Rounds alpha, beta and *limit (nullptr: no limit) to fp32 exactly as cosmos3/ops_cpu.py does.
 SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit);
 
 // out = g' * sigmoid(alpha * g') * (u' + beta), with g' = min(g, limit), u' = clamp(u, -limit, limit) when

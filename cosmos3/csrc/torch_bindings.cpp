@@ -3,8 +3,8 @@
 // Note on registration: the schemas of torch.ops.cosmos3.* are defined in Python (cosmos3/ops.py, with
 // torch.library), together with their CPU and fake impls, so the ops exist on a machine without CUDA or
 // nvcc. This file only adds the CUDA kernels, through TORCH_LIBRARY_IMPL(cosmos3, CUDA, m), when
-// cosmos3/ops.py builds and loads it on first CUDA use. A TORCH_LIBRARY(cosmos3, m) block here would own the
-// namespace instead, and the ops would only exist after a CUDA build. The argument checks below apply the
+// cosmos3/ops_loader.py loads it (prebuilt in the wheel, or JIT-built). A TORCH_LIBRARY(cosmos3, m) block
+// here would own the namespace instead, and the ops would only exist after a CUDA build. The argument checks below apply the
 // rules of _check_swiglu_args / _check_quantize_args in cosmos3/ops.py, in the same order and words.
 
 #include <ATen/cuda/CUDAContext.h>
@@ -23,7 +23,7 @@ enum OpIndex { kSiluAndMul2in, kQuantizeFp8, kNumOps };
 constexpr int kMaxSm = 256;
 
 // Launch parameters by SM version (10 * major + minor); SM 0 holds the fallback for any unset version.
-// Written by set_launch_params while cosmos3/ops.py loads this module (and by the launch sweep), read on
+// Written by set_launch_params while cosmos3/ops_loader.py loads this module (and by the launch sweep), read on
 // every call.
 std::array<std::array<LaunchConfig, kNumOps>, kMaxSm> launch_configs{};
 
