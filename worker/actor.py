@@ -20,6 +20,7 @@ from farm import checkpoint, metrics, storage
 from farm.errors import WorkerConfigError
 from farm.manifest import Job, ModelSpec
 from worker import encode
+from worker.gpu import check_assignment, cuda_device_facts
 
 
 class Output(Protocol):
@@ -34,6 +35,7 @@ StepCallback = Callable[[int, int], None]  # (step, num_steps), after each denoi
 
 class Renderer(Protocol):
     device: str
+    facts: dict  # where it renders, for the sidecar: GPU UUID, where the CUDA ops came from and how long they took
 
     def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output: ...
 
@@ -42,8 +44,8 @@ PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor hol
 
 
 class _Cosmos3Renderer:
-    def __init__(self, pipeline, request_type, device: str):
-        self._pipeline, self._request_type, self.device = pipeline, request_type, device
+    def __init__(self, pipeline, request_type, device: str, facts: dict):
+        self._pipeline, self._request_type, self.device, self.facts = pipeline, request_type, device, facts
 
     def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output:
         return self._pipeline(self._request_type(**request), callback=callback)
@@ -53,15 +55,18 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     """The real pipeline, on the actor's GPU (Ray sets CUDA_VISIBLE_DEVICES, so it is `cuda`)."""
     import torch  # here, not at the top: the driver imports this module and may have no torch
 
+    from cosmos3 import ops
     from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 
     # A logical GPU without CUDA only happens in tests (`ray.init(num_gpus=N)` on a CPU machine);
     # the device is reported by `ready()` and the driver warns about it.
     device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
+    # The kernels load here, not on the first job: a node that cannot load them fails at start, and says why.
+    facts = {**cuda_device_facts(), "ops": ops.load_cuda_ops().facts()} if device == "cuda" else {}
     pipeline = Cosmos3Pipeline.from_pretrained(
         model.checkpoint, device=device, precision=model.precision, step_precision=model.step_precision
     )
-    return _Cosmos3Renderer(pipeline, RenderRequest, device)
+    return _Cosmos3Renderer(pipeline, RenderRequest, device, facts)
 
 
 def refuse_sharded_static_fp8(model: ModelSpec) -> None:
@@ -82,12 +87,13 @@ class RenderWorker:
         encode.sweep_orphaned_scratch()  # partial videos of workers killed on this node before
         context = ray.get_runtime_context()
         gpus = context.get_accelerator_ids().get("GPU", [])
+        check_assignment(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._renderer = factory(model, bool(gpus))
         self._origin = origin
         self._progress = metrics.WorkerProgress(slot)
         self._identity = {
             "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),
-            "gpu": list(gpus), "device": self._renderer.device, "pid": os.getpid(),
+            "gpu": list(gpus), "device": self._renderer.device, "pid": os.getpid(), **self._renderer.facts,
         }
 
     def ready(self) -> dict[str, Any]:

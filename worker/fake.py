@@ -36,6 +36,7 @@ class FakeRenderer:
 
     def __init__(self, seconds_per_step: float):
         self.seconds_per_step = seconds_per_step
+        self.facts = {}  # no GPU, no kernels
 
     def __call__(self, request: dict[str, Any], callback) -> FakeOutput:
         steps = []

@@ -68,3 +68,13 @@ def test_worker_refuses_sharded_static_fp8_again(tmp_path):
     sharded = dataclasses.replace(m.model, parallel={**m.model.parallel, "cfg_size": 2})
     with pytest.raises(WorkerConfigError, match=r"parallel.cfg_size=2 \(set it to 1\)"):
         refuse_sharded_static_fp8(sharded)
+
+
+def test_a_worker_that_would_see_every_gpu_of_its_node_is_refused_at_start(cluster, tmp_path):
+    """Ray told not to set CUDA_VISIBLE_DEVICES (a node-wide setting): the worker would see the whole node."""
+    m = _manifest(tmp_path)
+    noset = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0, runtime_env=noset).remote(
+        m.model, fake.factory, ORIGIN, 0)
+    with pytest.raises(ray.exceptions.ActorDiedError, match="Ray assigned this worker GPU 0, but it sees"):
+        ray.get(worker.ready.remote())

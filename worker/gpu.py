@@ -1,0 +1,44 @@
+"""The one GPU a render worker holds: Ray's assignment checked against what the process sees, and its identity.
+
+Ray gives each worker actor one GPU (`num_gpus=1`) and sets `CUDA_VISIBLE_DEVICES` to it, so the worker's
+`cuda:0` is that GPU and no other worker's. A process that sees another set (Ray told not to set the variable,
+or a variable inherited from a launcher) would render on someone else's GPU, or on several; it is refused at
+start. The device's UUID goes into the log and every sidecar, so a render can be traced to the physical GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from farm.errors import WorkerConfigError
+
+log = structlog.get_logger(__name__)
+
+
+def check_assignment(gpu_ids: list[str], visible: str | None) -> None:
+    """`gpu_ids`: Ray's accelerator ids for this actor; `visible`: its CUDA_VISIBLE_DEVICES. No GPU: no check."""
+    if not gpu_ids:
+        return
+    if len(gpu_ids) != 1:
+        raise WorkerConfigError(f"a render worker holds exactly one GPU; Ray assigned this one {len(gpu_ids)} "
+                                f"({', '.join(gpu_ids)}); create it with num_gpus=1")
+    if visible is None or [d.strip() for d in visible.split(",")] != gpu_ids:
+        raise WorkerConfigError(f"Ray assigned this worker GPU {gpu_ids[0]}, but it sees CUDA_VISIBLE_DEVICES="
+                                f"{visible!r}; it must see that GPU alone (is RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_"
+                                f"DEVICES set on this node?)")
+
+
+def cuda_device_facts() -> dict[str, Any]:
+    """The visible CUDA device (exactly one) as recorded in sidecars: UUID, name and SM version."""
+    import torch  # here: the driver imports this module's callers and may have no torch
+
+    count = torch.cuda.device_count()
+    if count != 1:
+        raise WorkerConfigError(f"a render worker must see exactly one CUDA device, it sees {count}; "
+                                f"CUDA_VISIBLE_DEVICES should name the one GPU Ray assigned")
+    props = torch.cuda.get_device_properties(0)
+    facts = {"gpu_uuid": str(props.uuid), "gpu_name": props.name, "sm": 10 * props.major + props.minor}
+    log.info("worker GPU", **facts)
+    return facts
