@@ -2,7 +2,8 @@
 # On a GPU machine with a CUDA torch and nvcc: builds the wheel, installs it alone into a clean directory
 # (torch and the rest from the machine), hides nvcc, then times the ops load (benchmarks/bench_ops_load.py,
 # beside the JIT build from this checkout and concurrent first loads) and runs the GPU tests against the
-# installed wheel. DEPS: extra PYTHONPATH for packages the machine lacks; LOGS: where logs go (default /tmp).
+# installed wheel. DEPS: extra PYTHONPATH for packages the machine lacks; LOGS: where logs go (default /tmp);
+# REPEATS: processes per timed case (default 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,7 +12,8 @@ work=$(mktemp -d)
 status=0
 
 start=$(date +%s)
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-"9.0;10.0+PTX"} PYTHON="$PY" bash scripts/build_wheel.sh "$work/dist" \
+# The shipping targets, not the machine's TORCH_CUDA_ARCH_LIST (the H200 image sets "9.0a"); ARCHS overrides.
+TORCH_CUDA_ARCH_LIST=${ARCHS:-"9.0;10.0+PTX"} PYTHON="$PY" bash scripts/build_wheel.sh "$work/dist" \
   > "$LOGS/wheel_build.log" 2>&1 || { tail -40 "$LOGS/wheel_build.log"; exit 1; }
 echo "wheel built in $(( $(date +%s) - start )) s: $(ls "$work"/dist)"
 "$PY" -m pip install -q --no-deps --no-index --target "$work/site" "$work"/dist/*.whl || exit 1
