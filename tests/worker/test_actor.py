@@ -78,3 +78,26 @@ def test_a_worker_that_would_see_every_gpu_of_its_node_is_refused_at_start(clust
         m.model, fake.factory, ORIGIN, 0)
     with pytest.raises(ray.exceptions.ActorDiedError, match="Ray assigned this worker GPU 0, but it sees"):
         ray.get(worker.ready.remote())
+
+
+DEVICE_FACTS = {"gpu_uuid": "GPU-2daf2d03-1f3e-d7d2-f717-7e730d4ec67e", "gpu_name": "NVIDIA H200", "sm": 90,
+                "ops": {"source": "prebuilt", "seconds": 0.001, "path": "/site/cosmos3/_cuda_ops.so"}}
+
+
+def _renderer_on_a_gpu(model, gpu: bool) -> fake.FakeRenderer:
+    """What cosmos3_factory reports on a GPU node: the device and where its kernels came from."""
+    renderer = fake.FakeRenderer(seconds_per_step=0.0)
+    renderer.facts = DEVICE_FACTS
+    return renderer
+
+
+def test_the_sidecar_records_the_gpu_uuid_and_where_the_ops_came_from(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(
+        m.model, _renderer_on_a_gpu, ORIGIN, 0)
+    identity = ray.get(worker.ready.remote())
+    ray.get(worker.render.remote(m.jobs[1], 1))
+    ray.kill(worker)
+    record = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())
+    assert record["worker"] == identity and identity["gpu"] == ["0"]
+    assert {key: record["worker"][key] for key in DEVICE_FACTS} == DEVICE_FACTS
