@@ -116,6 +116,8 @@ def fuse_static_fp8(bf16_model, fp8_model) -> None:
             continue
         parent = name.rsplit(".", 1)[0]
         shards = [fp8_model.get_submodule(f"{parent}.{k}" if k else name) for k in fused.shard_keys]
+        if shards[0].quant_method is not STATIC_FP8:  # kept high precision in the FP8 checkpoint (proj_in, ...)
+            continue
         scale = torch.stack([s.weight_scale for s in shards]).max()
         weight = torch.cat([(s.weight.float() * s.weight_scale / scale).clamp(-448, 448) for s in shards])
         fused.weight = torch.nn.Parameter(weight.to(torch.float8_e4m3fn), False)
