@@ -1,0 +1,250 @@
+"""A random-weight Cosmos3 checkpoint in the published layout, written tensor by tensor, shard by shard.
+
+    stats = write_checkpoint(root, variant="fp8", device="cuda")   # Nano: ~16 GB on disk in ~a minute
+    stats = write_checkpoint(root, variant="bf16", transformer=TINY, vae=TINY_VAE)   # tests, on CPU
+
+A Nano-size model does not fit a BF16 copy in host memory next to everything else on the benchmark
+machine, so nothing is built whole: tensor names and shapes come from diffusers'
+``Cosmos3OmniTransformer`` on the meta device (the published key names, reference §1.3), each tensor
+is drawn on ``device`` from its own seed, and a shard is written as soon as it is full. Peak host
+memory is one shard.
+
+Both variants hold the *same* model: a decoder projection is drawn in fp32, quantized per tensor
+(``weight_scale = amax / 448``, e4m3), and the BF16 variant stores that FP8 weight dequantized, so
+ours-FP8, ours-BF16 and diffusers-BF16 run one set of weights.
+
+Layout (reference §2.3, §5.2): ``model_index.json``; ``transformer/`` (shards, index, config.json with
+the Nano values of reference §2.1 and, for FP8, the ``quantization_config`` ModelOpt 0.47 exports:
+``weight_scale``/``input_scale`` 0-d fp32 beside each e4m3 weight, no ``_amax`` buffers, plus the
+published ``diffusion_step_policy``); ``hf_quant_config.json`` (FP8: the same without ``runtime``);
+``vae/`` (``AutoencoderKLWan``, the Wan 2.2 config, z_dim 48, random weights); ``text_tokenizer/``
+(word-level, ChatML template, loads through ``AutoTokenizer``); ``scheduler/`` (UniPC, flow sigmas).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cosmos3.config import QuantConfig
+from cosmos3.fp8_export import IGNORE, PUBLISHED_STEP_POLICY
+from cosmos3.quant.fp8_static import FP8, FP8_MAX
+from cosmos3.toy.layout import PROMPT_WORDS, PUBLISHED_ONLY_KEYS, UNIPC_SCHEDULER, write_json, write_pipeline_files, write_tokenizer
+
+# Nano transformer/config.json (reference §2.1); keys diffusers' constructor takes.
+NANO = {
+    "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "attention_bias": False,
+    "attention_dropout": 0.0, "rms_norm_eps": 1e-6, "vocab_size": 151936, "rope_theta": 5000000.0,
+    "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+    "unified_3d_mrope_reset_spatial_ids": True, "unified_3d_mrope_temporal_modality_margin": 15000,
+    "latent_channel": 48, "latent_patch_size": 2, "patch_latent_dim": 192, "timestep_scale": 0.001,
+    "base_fps": 24, "enable_fps_modulation": True, "qk_norm_for_text": True,
+    "sound_gen": True, "sound_dim": 64, "sound_latent_fps": 25, "action_gen": True, "action_dim": 64,
+    "num_embodiment_domains": 32,
+}
+# Published-only keys of the same file that diffusers' constructor does not take.
+NANO_EXTRA = {**PUBLISHED_ONLY_KEYS, "_diffusers_version": "0.37.1", "temporal_compression_factor_sound": 1,
+              "max_action_dim": 64}
+
+# Wan 2.2 VAE (Wan-AI/Wan2.2-TI2V-5B-Diffusers vae/config.json): 2x2 patchify, residual, z_dim 48.
+WAN22_VAE = {
+    "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
+    "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0, "is_residual": True,
+    "in_channels": 12, "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16, "scale_factor_temporal": 4,
+    "latents_mean": [
+        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891,
+        0.157, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.123, -0.0313, -0.1649, 0.0117, 0.0723,
+        -0.2839, -0.2083, -0.052, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+    ],
+    "latents_std": [
+        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.499, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+        0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+        0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+    ],
+}
+
+# What ModelOpt 0.47's Hugging Face export writes into transformer/config.json, and nothing more.
+MODELOPT_VERSION = "0.47.0"
+_FP8_TENSORS = {"dynamic": False, "num_bits": 8, "type": "float"}
+MODELOPT_QUANTIZATION = {
+    "config_groups": {"group_0": {"weights": _FP8_TENSORS, "input_activations": _FP8_TENSORS, "targets": ["Linear"]}},
+    "ignore": IGNORE,
+    "quant_algo": "FP8",
+    "producer": {"name": "modelopt", "version": MODELOPT_VERSION},
+    "quant_method": "modelopt",
+}
+
+INIT_STD = 0.02  # initializer_range of the published config
+# Random weights have no calibration data: every projection reads activations of about this size
+# (RMSNorm outputs with unit gains peak near 5). One value keeps each group's shared scale equal.
+INPUT_AMAX = 8.0
+SHARD_BYTES = 5 << 30  # the published Nano shards are ~5 GB
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str  # published name, e.g. layers.3.mlp.down_proj.weight
+    shape: tuple[int, ...]
+    dtype: torch.dtype  # as stored
+    projection: bool = False  # a decoder projection weight: FP8 (+ two 0-d fp32 scales) in the FP8 variant
+
+    @property
+    def nbytes(self) -> int:
+        scales = 8 if self.dtype == FP8 else 0
+        return torch.Size(self.shape).numel() * torch.empty((), dtype=self.dtype).element_size() + scales
+
+
+@dataclass
+class WriteStats:
+    bytes: int  # transformer shards
+    seconds: float
+    shards: int
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / self.seconds / 1e9
+
+
+def _reference_model(transformer: dict):
+    from diffusers import Cosmos3OmniTransformer
+
+    with torch.device("meta"):  # names and shapes only: no memory, no init
+        return Cosmos3OmniTransformer(**transformer)
+
+
+def plan_entries(transformer: dict, variant: str) -> list[Entry]:
+    """Every parameter of ``transformer/`` in diffusers' order, with its stored dtype."""
+    if variant not in ("fp8", "bf16"):
+        raise ValueError(f"variant must be 'fp8' or 'bf16', got {variant!r}")
+    model = _reference_model(transformer)
+    rules = QuantConfig.from_dict(MODELOPT_QUANTIZATION)
+    entries = []
+    for key, param in model.named_parameters():
+        module, _, suffix = key.rpartition(".")
+        projection = (module.startswith("layers.") and suffix == "weight" and not rules.is_ignored(module)
+                      and isinstance(model.get_submodule(module), torch.nn.Linear))
+        if projection and variant == "fp8":
+            dtype = FP8
+        else:
+            dtype = torch.float32 if key.startswith("time_embedder.") else torch.bfloat16  # diffusers keeps it fp32
+        entries.append(Entry(key, tuple(param.shape), dtype, projection))
+    return entries
+
+
+def _generator(key: str, seed: int, device: torch.device) -> torch.Generator:
+    # One stream per tensor name: a tensor does not depend on the order or the variant it is written in.
+    return torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(key.encode()))
+
+
+def draw(key: str, shape: tuple[int, ...], seed: int, device: torch.device) -> torch.Tensor:
+    """The fp32 random value of one tensor: norm gains near 1, everything else ``N(0, 0.02^2)``."""
+    noise = torch.randn(shape, generator=_generator(key, seed, device), device=device, dtype=torch.float32)
+    if "norm" in key.rpartition(".")[0].rsplit(".", 1)[-1]:  # RMSNorm gains: norm_q, input_layernorm, ...
+        return 1.0 + 0.05 * noise
+    return INIT_STD * noise
+
+
+def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor static FP8 as ModelOpt exports it: ``(e4m3 [out, in], weight_scale 0-d fp32)``."""
+    scale = (weight.abs().amax() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return (weight / scale).to(FP8), scale.reshape(())  # |w / scale| <= 448: the cast never saturates
+
+
+def tensors_of(entry: Entry, seed: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """``entry``'s stored tensor(s); an FP8 weight comes with its ``weight_scale`` and ``input_scale``."""
+    value = draw(entry.key, entry.shape, seed, device)
+    if not entry.projection:
+        return {entry.key: value.to(entry.dtype)}
+    weight, scale = quantize(value)
+    if entry.dtype != FP8:
+        return {entry.key: (weight.float() * scale).to(entry.dtype)}  # the BF16 variant: the FP8 model, dequantized
+    module = entry.key.rpartition(".")[0]
+    input_scale = torch.tensor(INPUT_AMAX / FP8_MAX, dtype=torch.float32, device=device)
+    return {entry.key: weight, f"{module}.weight_scale": scale, f"{module}.input_scale": input_scale}
+
+
+def _shards(entries: list[Entry], shard_bytes: int) -> list[list[Entry]]:
+    """Consecutive entries, a new shard once one is full, as diffusers' save_pretrained splits."""
+    shards: list[list[Entry]] = [[]]
+    size = 0
+    for entry in entries:
+        if shards[-1] and size + entry.nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(entry)
+        size += entry.nbytes
+    return shards
+
+
+def write_transformer(directory: Path, *, variant: str, transformer: dict = NANO, seed: int = 0,
+                      device: str | torch.device = "cpu", shard_bytes: int = SHARD_BYTES) -> WriteStats:
+    """``transformer/``: safetensors shards, their index and config.json, one shard in memory at a time."""
+    from safetensors.torch import save_file
+
+    started = time.perf_counter()
+    device = torch.device(device)
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.safetensors*"):
+        old.unlink()
+    plan = _shards(plan_entries(transformer, variant), shard_bytes)
+    names = [f"diffusion_pytorch_model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
+    weight_map, total = {}, 0
+    for name, shard in zip(names, plan):
+        content = {}
+        for entry in shard:
+            for key, tensor in tensors_of(entry, seed, device).items():
+                content[key] = tensor.cpu()
+                weight_map[key] = name
+        save_file(content, directory / name, metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in content.values())
+        del content
+    write_json(directory / "diffusion_pytorch_model.safetensors.index.json",
+               {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_json(directory / "config.json", transformer_config(transformer, variant))
+    return WriteStats(total, time.perf_counter() - started, len(plan))
+
+
+def quantization_config() -> dict:
+    """ModelOpt 0.47's export plus the published step policy (reference §6.1)."""
+    return {**MODELOPT_QUANTIZATION, "runtime": {"diffusion_step_policy": PUBLISHED_STEP_POLICY}}
+
+
+def transformer_config(transformer: dict, variant: str) -> dict:
+    config = {"_class_name": "Cosmos3OmniTransformer", **NANO_EXTRA, **transformer}
+    if variant == "fp8":
+        config["quantization_config"] = quantization_config()
+    return config
+
+
+def write_vae(directory: Path, *, vae: dict = WAN22_VAE, seed: int = 0, device: str | torch.device = "cpu") -> None:
+    """``vae/``: diffusers ``AutoencoderKLWan`` with its own (random) initialisation, fp32."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(seed)
+    with torch.device(device):  # initialise where it is fast; save_pretrained moves to the host per tensor
+        model = AutoencoderKLWan(**vae)
+    model.save_pretrained(str(directory), safe_serialization=True)
+
+
+def write_checkpoint(root: str | Path, *, variant: str = "fp8", transformer: dict = NANO, vae: dict = WAN22_VAE,
+                     words: tuple[str, ...] = (), seed: int = 0, device: str | torch.device = "cpu",
+                     shard_bytes: int = SHARD_BYTES) -> WriteStats:
+    """The whole checkpoint root. ``words``: prompt words the tokenizer should know (others map to [UNK])."""
+    root = Path(root)
+    stats = write_transformer(root / "transformer", variant=variant, transformer=transformer, seed=seed,
+                              device=device, shard_bytes=shard_bytes)
+    write_vae(root / "vae", vae=vae, seed=seed, device=device)
+    vocabulary = dict.fromkeys([*PROMPT_WORDS, *(w.lower() for w in words)])
+    write_tokenizer(root / "text_tokenizer", list(vocabulary), vocab_size=transformer["vocab_size"])
+    write_pipeline_files(root, UNIPC_SCHEDULER)
+    if variant == "fp8":
+        (root / "hf_quant_config.json").write_text(json.dumps(MODELOPT_QUANTIZATION, indent=2) + "\n")
+    return stats
