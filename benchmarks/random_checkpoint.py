@@ -34,7 +34,7 @@ import torch
 from cosmos3.config import QuantConfig
 from cosmos3.fp8_export import IGNORE, PUBLISHED_STEP_POLICY
 from cosmos3.quant.fp8_static import FP8, FP8_MAX
-from cosmos3.toy.layout import PROMPT_WORDS, PUBLISHED_ONLY_KEYS, UNIPC_SCHEDULER, write_json, write_pipeline_files, write_tokenizer
+from toy.layout import PROMPT_WORDS, PUBLISHED_ONLY_KEYS, UNIPC_SCHEDULER, write_json, write_pipeline_files, write_tokenizer
 
 # Nano transformer/config.json (reference §2.1); keys diffusers' constructor takes.
 NANO = {

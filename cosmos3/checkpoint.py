@@ -47,6 +47,7 @@ class CheckpointFiles:
         self.device = str(device)
         self.headers = read_tensors(self.directory) if headers is None else headers
         self._handles: dict[Path, object] = {}
+        self.bytes_read = 0  # by get(): what loading moved from disk to the device
 
     def keys(self) -> set[str]:
         return set(self.headers)
@@ -59,7 +60,9 @@ class CheckpointFiles:
         header = self.headers[key]
         if header.file not in self._handles:
             self._handles[header.file] = safe_open(header.file, framework="pt", device=self.device)
-        return self._handles[header.file].get_tensor(header.key)
+        tensor = self._handles[header.file].get_tensor(header.key)
+        self.bytes_read += tensor.numel() * tensor.element_size()
+        return tensor
 
     def dtype_of(self, key: str) -> torch.dtype:
         return _DTYPES[self.headers[key].dtype]
@@ -75,6 +78,7 @@ class TensorDict:
         self._tensors = {normalize_key(k): v for k, v in tensors.items()}
         self.directory = directory
         self.headers = {k: TensorHeader(k, None, _TAGS[v.dtype], tuple(v.shape)) for k, v in self._tensors.items()}
+        self.bytes_read = 0  # nothing is read: the tensors are already in memory
 
     def keys(self) -> set[str]:
         return set(self._tensors)

@@ -17,6 +17,12 @@ import torch
 
 from cosmos3.transformer import Cosmos3Transformer, GenLayout, GenOutput, UndCache
 
+# Above this many GEN tokens a step is bound by its maths, not its launches: on the H200 a graphed Nano
+# step at 44,160 tokens (720p, 189 frames) is as fast as an eager one (benchmarks/results/h200-2026-11-30.md),
+# while each capture costs two extra forwards (warm-up + capture, ~2.6 s each in FP8) and keeps the step's
+# activations (~5 GiB) reserved in the graph pool. Such steps run eagerly.
+GRAPH_MAX_TOKENS = 16384
+
 
 def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 8) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
@@ -52,6 +58,8 @@ class GenGraphs:
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
             sound: torch.Tensor | None) -> GenOutput:
+        if layout.cos.shape[0] > GRAPH_MAX_TOKENS:
+            return self.model.gen(layout, latents, step_t, cache, sound)
         key = (layout.key, self._mode())
         captured = self._graphs.get(key)
         if captured is None:

@@ -13,6 +13,7 @@ from cosmos3.errors import ConfigError
 from cosmos3.layers.attention import GEN
 from cosmos3.layers.linear import Linear
 from cosmos3.step_precision import StepPrecisionController, resolve_policy
+from cosmos3.timing import Clock
 from cosmos3.transformer import Cosmos3Transformer
 
 PRECISION_CHOICES = ("auto", "bf16", "fp8-dynamic", "fp8-static")
@@ -76,10 +77,15 @@ def build_transformer(
         raise ConfigError("step precision applies to static FP8 checkpoints only; set step_precision='off'")
 
     fp8 = fp8_modules(config, tensors.headers, tensors.directory) if precision == "fp8-static" else frozenset()
+    clock = Clock(device)
+    started = clock()
     with torch.device(device):
         model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8)
+    built = clock()
     load_checkpoint(model, tensors)
     model.validate_after_loading()
+    # Seconds to allocate the model, seconds and bytes to fill it from the checkpoint (worker start figures).
+    model.load_report = {"build": built - started, "read": clock() - built, "bytes": tensors.bytes_read}
     if policy is not None:
         gen, und = tower_linears(model)
         model.step_controller = StepPrecisionController(gen, und, policy)

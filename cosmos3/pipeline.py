@@ -16,7 +16,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import struct
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -24,7 +23,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from cosmos3 import load_transformer
+from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.config import SOUND_TOKENIZER_DIR, SoundSupport, read_sound_support
 from cosmos3.cuda_graphs import enable_cuda_graphs
@@ -33,6 +32,7 @@ from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_fr
 from cosmos3.prompt import PromptSpec, PromptTokenizer
 from cosmos3.request import NO_SOUND, V2V_CONDITION_LATENT_FRAMES, RenderPlan, RenderRequest, resolve
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
+from cosmos3.timing import Clock, MemoryProbe
 from cosmos3.vae import WanVAE
 
 __all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
@@ -44,8 +44,9 @@ COMPONENTS = ("model_index.json", "transformer", "vae", "text_tokenizer", "sched
 class RenderOutput:
     frames: np.ndarray  # uint8 [T, H, W, 3]
     fps: float
-    timings: dict  # seconds: tokenize, und, steps (one per step), vae (encode + decodes, sound's too), total
+    timings: dict  # seconds: tokenize, encode (None without conditioning), und, steps (one per step), decode, total
     info: dict  # precision, step_policy, checkpoint, scheduler, seed, sound and the resolved job
+    memory: dict  # MemoryProbe.report(): peak GPU bytes per stage and for the job (None on CPU)
     sound: np.ndarray | None = None  # float32 waveform [channels, N], N = frames / fps * sampling_rate
     sampling_rate: int | None = None  # Hz, as the sound tokenizer decodes
 
@@ -72,18 +73,6 @@ class Conditioning:
         if self.latents is not None:
             latents[:, : self.latents.shape[1]] = self.latents
         return latents
-
-
-class _Clock:
-    """Wall time that waits for queued device work, so per-stage timings are honest on CUDA."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def __call__(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
 
 def _check_layout(root: Path) -> None:
@@ -141,6 +130,7 @@ class Cosmos3Pipeline:
         self.dtype = dtype
         self.sound = sound or NO_SOUND
         self.sound_tokenizer = sound_tokenizer
+        self.load_timings: dict = {}  # from_pretrained's seconds per stage of the load
 
     @classmethod
     def from_pretrained(
@@ -160,16 +150,23 @@ class Cosmos3Pipeline:
         _check_layout(root)
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        clock = Clock(device)
+        started = clock()
+        # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
+        ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision)
         if cuda_graphs and device.type == "cuda":
             enable_cuda_graphs(model)
+        model_done = clock()
+        vae = WanVAE.from_pretrained(root / "vae", device=device)
+        vae_done = clock()
         sound = read_sound_support(root, model.config)
         sound_tokenizer = None
         if sound.config is not None:
             sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config, device=device)
-        return cls(
+        pipe = cls(
             model=model,
-            vae=WanVAE.from_pretrained(root / "vae", device=device),
+            vae=vae,
             tokenizer=PromptTokenizer.from_pretrained(root / "text_tokenizer"),
             recipe=load_recipe(root),
             checkpoint=checkpoint_identity(root),
@@ -178,6 +175,17 @@ class Cosmos3Pipeline:
             sound=sound,
             sound_tokenizer=sound_tokenizer,
         )
+        read = model.load_report
+        pipe.load_timings = {
+            "ops": ops_seconds,
+            "build": read["build"],  # the model's (empty) parameters allocated on the device
+            "checkpoint_read": read["read"],  # safetensors shards straight into them, device copies included
+            "checkpoint_bytes": read["bytes"],
+            "checkpoint_gb_per_s": read["bytes"] / read["read"] / 1e9 if read["read"] > 0 else None,
+            "vae": vae_done - model_done,
+            "total": clock() - started,
+        }
+        return pipe
 
     # -- stages ------------------------------------------------------------------------------------
 
@@ -235,8 +243,9 @@ class Cosmos3Pipeline:
 
     @torch.no_grad()
     def __call__(self, request: RenderRequest, callback: Callable[[int, int], None] | None = None) -> RenderOutput:
-        clock = _Clock(self.device)
+        clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
+        memory.start()
         plan = resolve(
             request, self.recipe, spatial_factor=self.vae.spatial_factor, temporal_factor=self.vae.temporal_factor,
             sound=self.sound,
@@ -246,6 +255,7 @@ class Cosmos3Pipeline:
 
         cond = self._conditioning(plan)
         encoded = clock()
+        memory.mark("encode")
 
         scheduler = make_scheduler(self.recipe, steps=plan.steps, flow_shift=plan.flow_shift, device=self.device)
         # Schedulers keep per-step state (UniPC's history of model outputs): sound steps its own copy, as diffusers.
@@ -259,6 +269,7 @@ class Cosmos3Pipeline:
             Branch(ids[1], self.model.encode_text(ids[1]) if any(g != 1.0 for g in guidances) else None),
         )
         und_done = clock()
+        memory.mark("und")
 
         generator = torch.Generator("cpu").manual_seed(plan.seed)
         latents, sound = self._initial_latents(plan, generator)
@@ -274,22 +285,26 @@ class Cosmos3Pipeline:
             step_times.append(clock() - step_start)
             if callback is not None:
                 callback(i, len(timesteps))
+        memory.mark("steps")
 
+        del branches, v  # the UND caches and the last velocity are not needed to decode
         decode_start = clock()
         frames = to_uint8_frames(self.vae.decode(latents))  # [T, H, W, 3]
         waveform = None
         if sound is not None:  # the decoder rounds up to whole hops; the clip's duration is plan.sound_samples
             waveform = self.sound_tokenizer.decode(sound)[:, : plan.sound_samples].cpu().numpy()  # [ch, N]
         end = clock()
+        memory.mark("decode")
         timings = {
             "tokenize": tokenized - start,
+            "encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,
             "steps": step_times,
-            "vae": (encoded - tokenized) + (end - decode_start),
+            "decode": end - decode_start,
             "total": end - start,
         }
         return RenderOutput(
-            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler),
+            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler), memory=memory.report(),
             sound=waveform, sampling_rate=None if waveform is None else self.sound.config.sampling_rate,
         )
 

@@ -74,6 +74,7 @@ class Outcome:
     error: str | None = None
     seconds: float | None = None  # the successful attempt, dispatch to result
     worker: dict | None = None  # the identity of the worker that published it
+    figures: dict | None = None  # the published attempt's timings, memory, gpu_seconds and worker_start
 
 
 Launch = Callable[[int], Any]  # slot index -> a new RenderWorker actor handle
@@ -226,8 +227,9 @@ class Scheduler:
         slot.failed_jobs.clear()
         self.idle.append(slot)
         seconds = time.monotonic() - attempt.started
-        self.outcomes[job.key] = Outcome("done", attempt.number, None, seconds, slot.identity)
-        self.metrics.job_done(seconds, result["timings"].get("steps", []))
+        figures = result["figures"]
+        self.outcomes[job.key] = Outcome("done", attempt.number, None, seconds, slot.identity, figures)
+        self.metrics.job_done(seconds, figures["timings"].get("steps", []))
         self.log.emit("job_done", key=job.key, attempt=attempt.number, slot=slot.index, seconds=round(seconds, 3),
                       worker_started=result["started"], worker_finished=result["finished"])
 

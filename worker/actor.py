@@ -26,8 +26,15 @@ from worker.gpu import check_assignment, cuda_device_facts
 class Output(Protocol):
     frames: Any  # numpy uint8 [T, H, W, 3]
     fps: float
-    timings: dict  # {"tokenize": s, "und": s, "steps": [s, ...], "vae": s, "total": s}
+    timings: dict  # seconds: {"tokenize", "encode" (None without conditioning), "und", "steps": [...], "decode", "total"}
     info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}}
+    memory: dict  # peak GPU bytes, see MEMORY_FIELDS (None where they do not apply)
+
+
+# Every sidecar carries these keys; a figure that does not apply (GPU memory on a CPU worker, a fake
+# renderer's checkpoint read) is None, so sidecars of every worker have one shape.
+WORKER_START_FIELDS = ("ops", "build", "checkpoint_read", "checkpoint_bytes", "checkpoint_gb_per_s", "vae", "total")
+MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes")
 
 
 StepCallback = Callable[[int, int], None]  # (step, num_steps), after each denoising step
@@ -36,6 +43,7 @@ StepCallback = Callable[[int, int], None]  # (step, num_steps), after each denoi
 class Renderer(Protocol):
     device: str
     facts: dict  # where it renders, for the sidecar: GPU UUID, where the CUDA ops came from and how long they took
+    load_timings: dict  # seconds (and bytes) per stage of loading the model, see WORKER_START_FIELDS
 
     def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output: ...
 
@@ -46,6 +54,7 @@ PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor hol
 class _Cosmos3Renderer:
     def __init__(self, pipeline, request_type, device: str, facts: dict):
         self._pipeline, self._request_type, self.device, self.facts = pipeline, request_type, device, facts
+        self.load_timings = pipeline.load_timings
 
     def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output:
         return self._pipeline(self._request_type(**request), callback=callback)
@@ -85,10 +94,14 @@ class RenderWorker:
         """`origin`: the run id (`run`) and the manifest's path and sha256, recorded in every sidecar."""
         refuse_sharded_static_fp8(model)
         encode.sweep_orphaned_scratch()  # partial videos of workers killed on this node before
+        started = time.perf_counter()
         context = ray.get_runtime_context()
         gpus = context.get_accelerator_ids().get("GPU", [])
         check_assignment(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._renderer = factory(model, bool(gpus))
+        self._gpu = self._renderer.device != "cpu"
+        loaded = self._renderer.load_timings
+        self._start = {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "worker": time.perf_counter() - started}
         self._origin = origin
         self._progress = metrics.WorkerProgress(slot)
         self._identity = {
@@ -111,11 +124,18 @@ class RenderWorker:
         )
         finished = time.time()
         timings = {**output.timings, "publish": finished - rendered}
+        measured = output.memory
+        figures = {
+            "timings": timings,
+            "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
+            "gpu_seconds": finished - started if self._gpu else None,  # the GPU is this job's until published
+            "worker_start": self._start,
+        }
         record = storage.sidecar_record(
-            job, self._origin["run"], attempt, media, manifest=self._origin, worker=self._identity, timings=timings,
+            job, self._origin["run"], attempt, media, manifest=self._origin, worker=self._identity,
             checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
-            step_policy=output.info.get("step_policy"), started=started, finished=finished,
+            step_policy=output.info.get("step_policy"), started=started, finished=finished, **figures,
         )
         storage.write_json(storage.sidecar_path(job.media), record, attempt)
-        return {"key": job.key, "attempt": attempt, "sha256": media[0], "timings": timings,
+        return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
                 "started": started, "finished": time.time()}

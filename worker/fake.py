@@ -22,6 +22,7 @@ class FakeOutput:
     fps: float
     timings: dict
     info: dict = field(default_factory=lambda: {"precision": "fake", "step_policy": None, "checkpoint": {}})
+    memory: dict = field(default_factory=dict)  # no GPU: every memory figure is None in the sidecar
 
 
 def paint(request: dict[str, Any]) -> np.ndarray:
@@ -33,6 +34,7 @@ def paint(request: dict[str, Any]) -> np.ndarray:
 
 class FakeRenderer:
     device = "cpu"
+    load_timings: dict = {}  # nothing is loaded: every worker-start figure is None in the sidecar
 
     def __init__(self, seconds_per_step: float):
         self.seconds_per_step = seconds_per_step
@@ -45,7 +47,7 @@ class FakeRenderer:
             time.sleep(self.seconds_per_step)
             callback(step, request["steps"])
             steps.append(time.perf_counter() - start)
-        timings = {"tokenize": 0.0, "und": 0.0, "steps": steps, "vae": 0.0, "total": sum(steps)}
+        timings = {"tokenize": 0.0, "encode": None, "und": 0.0, "steps": steps, "decode": 0.0, "total": sum(steps)}
         return FakeOutput(paint(request), request["fps"], timings)
 
 

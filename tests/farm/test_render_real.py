@@ -14,7 +14,9 @@ import imageio_ffmpeg
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
+from cosmos3.checkpoint import SKIPPED
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from farm import driver, manifest, storage
@@ -63,6 +65,37 @@ def _mp4_shape(path: Path) -> tuple[int, int, int]:
     return sum(1 for _ in reader), height, width
 
 
+FIGURES = ("timings", "memory", "gpu_seconds", "worker_start")
+
+
+def checkpoint_bytes(root: Path) -> int:
+    """What loading the transformer must read: every stored tensor but the ones generation never uses."""
+    total = 0
+    for shard in sorted((root / "transformer").glob("*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            for key in f.keys():
+                if key not in SKIPPED:
+                    tensor = f.get_tensor(key)
+                    total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
+    """Every per-stage figure is in the sidecar; GPU-only ones are null on a worker rendering on the CPU."""
+    timings = record["timings"]
+    assert set(timings) == {"tokenize", "encode", "und", "steps", "decode", "total", "publish"}
+    assert (timings["encode"] is None) is (job.task in ("t2v", "t2i"))
+    assert all(timings[k] > 0 for k in ("tokenize", "und", "decode", "publish"))
+    assert timings["total"] >= sum(timings["steps"]) + timings["decode"] + timings["und"]
+    assert record["memory"] == {"resident_bytes": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
+                                "stage_peak_allocated_bytes": dict.fromkeys(("encode", "und", "steps", "decode"))}
+    assert record["gpu_seconds"] is None  # a logical GPU without CUDA renders on the CPU
+    start = record["worker_start"]
+    assert start["ops"] is None and start["checkpoint_bytes"] == read_bytes
+    assert start["checkpoint_read"] > 0 and start["checkpoint_gb_per_s"] > 0
+    assert start["worker"] >= start["total"] >= start["checkpoint_read"] + start["build"] + start["vae"]
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp8-static"])
 def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoints, tmp_path, precision):
     _inputs(tmp_path)
@@ -83,6 +116,10 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
         assert len(record["timings"]["steps"]) == job.steps
         if job.task != "t2i":
             assert _mp4_shape(Path(job.media)) == (job.frames, job.height, job.width)
+        _assert_cpu_figures(record, job, checkpoint_bytes(Path(m.model.checkpoint)))
+        # The run summary carries the same figures for every job (issue 15).
+        summary = json.loads(Path(report.summary_path).read_text())
+        assert summary["jobs"][job.key]["figures"] == {k: record[k] for k in FIGURES}
 
     # PNG is lossless: the farm's still is exactly what the pipeline renders when called directly.
     still = next(job for job in m.jobs if job.task == "t2i")

@@ -1,0 +1,59 @@
+"""Honest per-stage figures of a render: device-synced wall time and peak GPU memory per stage.
+
+Every field exists on every device; where a figure does not apply (GPU memory on a CPU worker) it is
+None, so sidecars of CPU and GPU workers have one shape.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class Clock:
+    """Wall time that waits for queued device work, so a stage's time is its own and not the next one's."""
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+
+    def __call__(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+class MemoryProbe:
+    """Peak ``torch.cuda.max_memory_allocated`` per stage, and the job's peak allocated and reserved bytes.
+
+    ``start()`` at the job's start, ``mark(stage)`` after each stage, ``report()`` at the end.
+    """
+
+    STAGES = ("encode", "und", "steps", "decode")
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._stages: dict[str, int | None] = dict.fromkeys(self.STAGES)
+        self._resident = self._reserved = None
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._resident = torch.cuda.memory_allocated(self.device)
+            self._reserved = 0
+
+    def mark(self, stage: str) -> None:
+        if self.cuda:
+            self._stages[stage] = torch.cuda.max_memory_allocated(self.device)
+            self._reserved = max(self._reserved, torch.cuda.max_memory_reserved(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)  # the next stage's peak is its own
+
+    def report(self) -> dict:
+        peaks = [v for v in self._stages.values() if v is not None]
+        return {
+            "resident_bytes": self._resident,  # weights and caches held before the job started
+            "peak_allocated_bytes": max(peaks) if peaks else None,
+            "peak_reserved_bytes": self._reserved,
+            "stage_peak_allocated_bytes": dict(self._stages),
+        }
