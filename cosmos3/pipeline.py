@@ -255,7 +255,7 @@ class Cosmos3Pipeline:
 
         cond = self._conditioning(plan)
         encoded = clock()
-        memory.mark("encode")
+        memory.mark("vae_encode")
 
         scheduler = make_scheduler(self.recipe, steps=plan.steps, flow_shift=plan.flow_shift, device=self.device)
         # Schedulers keep per-step state (UniPC's history of model outputs): sound steps its own copy, as diffusers.
@@ -294,13 +294,13 @@ class Cosmos3Pipeline:
         if sound is not None:  # the decoder rounds up to whole hops; the clip's duration is plan.sound_samples
             waveform = self.sound_tokenizer.decode(sound)[:, : plan.sound_samples].cpu().numpy()  # [ch, N]
         end = clock()
-        memory.mark("decode")
+        memory.mark("vae_decode")
         timings = {
             "tokenize": tokenized - start,
-            "encode": encoded - tokenized if cond.latents is not None else None,
+            "vae_encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,
             "steps": step_times,
-            "decode": end - decode_start,
+            "vae_decode": end - decode_start,
             "total": end - start,
         }
         return RenderOutput(

@@ -29,7 +29,7 @@ class MemoryProbe:
     ``start()`` at the job's start, ``mark(stage)`` after each stage, ``report()`` at the end.
     """
 
-    STAGES = ("encode", "und", "steps", "decode")
+    STAGES = ("vae_encode", "und", "steps", "vae_decode")
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)

@@ -26,7 +26,8 @@ from worker.gpu import check_assignment, cuda_device_facts
 class Output(Protocol):
     frames: Any  # numpy uint8 [T, H, W, 3]
     fps: float
-    timings: dict  # seconds: {"tokenize", "encode" (None without conditioning), "und", "steps": [...], "decode", "total"}
+    # seconds: {"tokenize", "vae_encode" (None without conditioning), "und", "steps": [...], "vae_decode", "total"}
+    timings: dict
     info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}}
     memory: dict  # peak GPU bytes, see MEMORY_FIELDS (None where they do not apply)
 
@@ -118,12 +119,16 @@ class RenderWorker:
         started = time.time()
         output = self._renderer(job.request(), self._progress.step)
         rendered = time.time()
-        media = storage.publish(
-            Path(job.media), attempt,
-            lambda temp: encode.write_media(output.frames, output.fps, temp, image=job.task == "t2i"),
-        )
+        encoded: list[float] = []
+
+        def write(temp: Path) -> None:
+            encode.write_media(output.frames, output.fps, temp, image=job.task == "t2i")
+            encoded.append(time.time() - rendered)
+
+        media = storage.publish(Path(job.media), attempt, write)
         finished = time.time()
-        timings = {**output.timings, "publish": finished - rendered}
+        # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
+        timings = {**output.timings, "media_encode": encoded[0], "publish": finished - rendered}
         measured = output.memory
         figures = {
             "timings": timings,

@@ -47,7 +47,7 @@ class FakeRenderer:
             time.sleep(self.seconds_per_step)
             callback(step, request["steps"])
             steps.append(time.perf_counter() - start)
-        timings = {"tokenize": 0.0, "encode": None, "und": 0.0, "steps": steps, "decode": 0.0, "total": sum(steps)}
+        timings = {"tokenize": 0.0, "vae_encode": None, "und": 0.0, "steps": steps, "vae_decode": 0.0, "total": sum(steps)}
         return FakeOutput(paint(request), request["fps"], timings)
 
 

@@ -130,11 +130,11 @@ def test_every_task_renders_uint8_frames_of_the_requested_size(pipe, task):
     assert out.frames.dtype == np.uint8
     assert isinstance(out.fps, float) and out.fps == 24.0
     assert progress == [(i, STEPS) for i in range(STEPS)]
-    assert set(out.timings) == {"tokenize", "encode", "und", "steps", "decode", "total"}
+    assert set(out.timings) == {"tokenize", "vae_encode", "und", "steps", "vae_decode", "total"}
     assert len(out.timings["steps"]) == STEPS
     assert all(v >= 0 for v in [*out.timings["steps"], out.timings["tokenize"], out.timings["und"]])
-    assert (out.timings["encode"] is None) is (task in ("t2v", "t2i"))  # only i2v / v2v encode frames
-    assert out.timings["total"] >= sum(out.timings["steps"]) + out.timings["decode"] + (out.timings["encode"] or 0)
+    assert (out.timings["vae_encode"] is None) is (task in ("t2v", "t2i"))  # only i2v / v2v encode frames
+    assert out.timings["total"] >= sum(out.timings["steps"]) + out.timings["vae_decode"] + (out.timings["vae_encode"] or 0)
     assert out.memory["peak_allocated_bytes"] is None and out.memory["resident_bytes"] is None  # CPU
     assert out.info["task"] == task and out.info["seed"] == 0
     assert out.info["scheduler"] == "UniPCMultistepScheduler"

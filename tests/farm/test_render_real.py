@@ -83,12 +83,14 @@ def checkpoint_bytes(root: Path) -> int:
 def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     """Every per-stage figure is in the sidecar; GPU-only ones are null on a worker rendering on the CPU."""
     timings = record["timings"]
-    assert set(timings) == {"tokenize", "encode", "und", "steps", "decode", "total", "publish"}
-    assert (timings["encode"] is None) is (job.task in ("t2v", "t2i"))
-    assert all(timings[k] > 0 for k in ("tokenize", "und", "decode", "publish"))
-    assert timings["total"] >= sum(timings["steps"]) + timings["decode"] + timings["und"]
+    assert set(timings) == {"tokenize", "vae_encode", "und", "steps", "vae_decode", "total", "media_encode",
+                            "publish"}
+    assert (timings["vae_encode"] is None) is (job.task in ("t2v", "t2i"))
+    assert all(timings[k] > 0 for k in ("tokenize", "und", "vae_decode", "media_encode", "publish"))
+    assert timings["publish"] > timings["media_encode"]
+    assert timings["total"] >= sum(timings["steps"]) + timings["vae_decode"] + timings["und"]
     assert record["memory"] == {"resident_bytes": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-                                "stage_peak_allocated_bytes": dict.fromkeys(("encode", "und", "steps", "decode"))}
+                                "stage_peak_allocated_bytes": dict.fromkeys(("vae_encode", "und", "steps", "vae_decode"))}
     assert record["gpu_seconds"] is None  # a logical GPU without CUDA renders on the CPU
     start = record["worker_start"]
     assert start["ops"] is None and start["checkpoint_bytes"] == read_bytes
