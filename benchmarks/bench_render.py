@@ -148,6 +148,46 @@ def do_farm(args) -> dict:
             "summary": json.loads(summaries[-1].read_text()) if summaries else None}
 
 
+# -- direct: the pipeline without the farm, for what a farm run cannot isolate -----------------------
+
+
+def _peak_decode(pipe, latents, tiled: bool) -> dict:
+    import torch
+
+    from cosmos3.media import to_uint8_frames
+
+    pipe.vae.force_tiling = tiled
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    resident = torch.cuda.memory_allocated()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    to_uint8_frames(pipe.vae.decode(latents))
+    torch.cuda.synchronize()
+    return {"tiled": tiled, "seconds": time.perf_counter() - started, "resident_bytes": resident,
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+
+
+def do_direct(args) -> dict:
+    """Worker start, T2I twice (the second is a warm worker's), and one T2V latent decoded untiled and tiled."""
+    import torch
+
+    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+
+    cache = drop_page_cache() if args.drop_caches else "kept"
+    started = time.perf_counter()
+    pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda")
+    load = {**pipe.load_timings, "wall": time.perf_counter() - started, "page_cache": cache}
+    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
+    t2i = [pipe(RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)) for _ in range(2)]
+    shape = pipe.vae.latent_shape(189, 720, 1280)
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()  # [48, 48, 45, 80]
+    decodes = [_peak_decode(pipe, latents, tiled) for tiled in (False, True)]
+    return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,
+            "t2i": [{"timings": o.timings, "memory": o.memory} for o in t2i]}
+
+
 # -- diffusers -------------------------------------------------------------------------------------
 
 
@@ -272,6 +312,25 @@ def native_steps(record: dict) -> list[float]:
     return steps[first: len(steps) - last] if len(steps) > first + last else steps
 
 
+def direct_tables(r: dict) -> list[str]:
+    load = r["load"]
+    lines = ["### Pipeline alone (no Ray): worker start, T2I twice, a T2V latent decoded untiled and tiled", "",
+             "| figure | value |", "|---|---|",
+             f"| page cache | {load['page_cache']} |",
+             f"| ops / allocate / checkpoint read / VAE / pipeline total s | {_s(load['ops'])} / {_s(load['build'])} / "
+             f"{_s(load['checkpoint_read'])} / {_s(load['vae'])} / {_s(load['total'])} |",
+             f"| checkpoint read | {load['checkpoint_bytes'] / 1e9:.2f} GB at {_s(load['checkpoint_gb_per_s'])} GB/s |"]
+    for i, job in enumerate(r["t2i"]):
+        steps = job["timings"]["steps"]
+        lines.append(f"| T2I job {i + 1}: UND s / denoising (50 steps) s / steps median s | {job['timings']['und']:.3f} / "
+                     f"{sum(steps):.3f} / {statistics.median(steps):.4f} |")
+    for d in r["decodes"]:
+        lines.append(f"| T2V decode ({'tiled' if d['tiled'] else 'untiled'}): s / resident / peak allocated / peak "
+                     f"reserved GiB | {d['seconds']:.2f} / {_gib(d['resident_bytes'])} / "
+                     f"{_gib(d['peak_allocated_bytes'])} / {_gib(d['peak_reserved_bytes'])} |")
+    return lines + [""]
+
+
 def do_report(args) -> None:
     results = [json.loads(Path(p).read_text()) for p in args.results]
     by_kind = {}
@@ -281,7 +340,7 @@ def do_report(args) -> None:
     diffusers = by_kind.get(("diffusers", None))
     bf16 = by_kind.get(("farm", "bf16"))
     lines = [f"Machine: {results[0]['machine']}", ""]
-    for kind in (("write", None), ("farm", "fp8"), ("farm", "bf16"), ("diffusers", None)):
+    for kind in (("write", None), ("farm", "fp8"), ("farm", "bf16"), ("diffusers", None), ("direct", None)):
         r = by_kind.get(kind)
         if r is None:
             continue
@@ -291,6 +350,8 @@ def do_report(args) -> None:
             lines += [f"`{r['command']}`: exit {r['exit']}, {r['seconds']:.1f} s, page cache {r['page_cache']}", ""]
             for job, record in r["sidecars"].items():
                 lines += job_table(job, record)
+        elif r["kind"] == "direct":
+            lines += direct_tables(r)
         else:
             steps = r["steps"]
             lines += ["### diffusers Cosmos3OmniPipeline, BF16, T2V 1280x720 189 frames, guidance 6", "",
@@ -322,12 +383,16 @@ def main() -> None:
     diff.add_argument("--root", type=Path, required=True)
     diff.add_argument("--steps", type=int, default=3)
     diff.add_argument("--out", type=Path, required=True)
+    direct = sub.add_parser("direct")
+    direct.add_argument("--root", type=Path, required=True)
+    direct.add_argument("--drop-caches", action="store_true")
+    direct.add_argument("--out", type=Path, required=True)
     report = sub.add_parser("report")
     report.add_argument("results", nargs="+")
     args = parser.parse_args()
     if args.command == "report":
         return do_report(args)
-    result = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers}[args.command](args)
+    result = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}[args.command](args)
     out = getattr(args, "out", None) or args.root
     out.mkdir(parents=True, exist_ok=True)
     name = f"{args.command}-{getattr(args, 'variant', '') or 'all'}.json"

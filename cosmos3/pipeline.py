@@ -288,6 +288,8 @@ class Cosmos3Pipeline:
         memory.mark("steps")
 
         del branches, v  # the UND caches and the last velocity are not needed to decode
+        if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
+            torch.cuda.empty_cache()
         decode_start = clock()
         frames = to_uint8_frames(self.vae.decode(latents))  # [T, H, W, 3]
         waveform = None
@@ -304,7 +306,8 @@ class Cosmos3Pipeline:
             "total": end - start,
         }
         return RenderOutput(
-            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler), memory=memory.report(),
+            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler),
+            memory={**memory.report(), "vae_decode_tiled": self.vae.last_decode_tiled},
             sound=waveform, sampling_rate=None if waveform is None else self.sound.config.sampling_rate,
         )
 

@@ -15,6 +15,11 @@ import torch
 from cosmos3.errors import CheckpointError
 
 
+# An untiled Wan 2.2 decode of 189 frames at 1280x720 (fp32) peaked 22.4 GiB above the resident model on the
+# H200 (run 1 of benchmarks/results/h200-2026-12-01-render.md): ~138 bytes per output pixel, rounded up.
+UNTILED_DECODE_BYTES_PER_PIXEL = 150
+
+
 class WanVAE:
     """Pixels ``[3, T, H, W]`` in ``[-1, 1]`` <-> normalised latents ``[C, T', H', W']``."""
 
@@ -32,17 +37,31 @@ class WanVAE:
         param = next(vae.parameters())
         self.mean = torch.tensor(config.latents_mean, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
+        self.force_tiling: bool | None = None  # None: decide by free memory; True / False: always / never tile
+        self.last_decode_tiled: bool | None = None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, device: torch.device, dtype: torch.dtype = torch.float32) -> WanVAE:
         from diffusers import AutoencoderKLWan
+        from safetensors.torch import load_file
 
         path = Path(path)
         if not (path / "config.json").is_file():
             raise CheckpointError(f"{path}: no config.json (is this the checkpoint's vae/ dir?)")
-        # low_cpu_mem_usage=False: the fast path needs `accelerate`, which is not a dependency.
-        vae = AutoencoderKLWan.from_pretrained(str(path), torch_dtype=dtype, low_cpu_mem_usage=False)
-        return cls(vae.to(device).eval())
+        weights = path / "diffusion_pytorch_model.safetensors"
+        if not weights.is_file():
+            raise CheckpointError(f"{path}: no diffusion_pytorch_model.safetensors (the VAE's weights)")
+        # Built on the meta device, then given the file's tensors read straight onto `device`. diffusers'
+        # from_pretrained without `accelerate` (not a dependency) first initialises every parameter on the CPU
+        # and then copies: 15.5 s of a Nano worker's start on the H200 (benchmarks/results/h200-2026-12-01-render.md).
+        with torch.device("meta"):
+            vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(path)))
+        state = {k: v.to(dtype) for k, v in load_file(weights, device=str(device)).items()}
+        try:
+            vae.load_state_dict(state, strict=True, assign=True)
+        except RuntimeError as err:  # a missing, unknown or misshapen tensor
+            raise CheckpointError(f"{weights}: does not match vae/config.json: {err}") from None
+        return cls(vae.eval())
 
     @property
     def dtype(self) -> torch.dtype:
@@ -66,4 +85,23 @@ class WanVAE:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents ``[C, T', H', W']`` -> pixels ``[3, T, H, W]`` in ``[-1, 1]``."""
         z = latents.to(self.dtype) / self.inv_std + self.mean
+        _, t, h, w = latents.shape
+        pixels = ((t - 1) * self.temporal_factor + 1) * h * w * self.spatial_factor**2
+        tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL)
+        if tiled:
+            self.vae.enable_tiling()  # diffusers' spatial tiles: less memory, overlapping tiles cost time
+        else:
+            self.vae.disable_tiling()
+        self.last_decode_tiled = tiled
         return self.vae.decode(z.unsqueeze(0)).sample[0]
+
+    def _tile(self, untiled_bytes: int) -> bool:
+        """Tile only when an untiled decode would not fit in what the device has free (its own cache included)."""
+        if self.force_tiling is not None:
+            return self.force_tiling
+        device = self.mean.device
+        if device.type != "cuda":
+            return False  # host memory: the untiled path is the reference
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return untiled_bytes > free + cached

@@ -90,7 +90,8 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     assert timings["publish"] > timings["media_encode"]
     assert timings["total"] >= sum(timings["steps"]) + timings["vae_decode"] + timings["und"]
     assert record["memory"] == {"resident_bytes": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-                                "stage_peak_allocated_bytes": dict.fromkeys(("vae_encode", "und", "steps", "vae_decode"))}
+                                "stage_peak_allocated_bytes": dict.fromkeys(("vae_encode", "und", "steps", "vae_decode")),
+                                "vae_decode_tiled": False}  # host memory: always the untiled reference
     assert record["gpu_seconds"] is None  # a logical GPU without CUDA renders on the CPU
     start = record["worker_start"]
     assert start["ops"] is None and start["checkpoint_bytes"] == read_bytes
