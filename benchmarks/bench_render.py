@@ -243,6 +243,7 @@ def job_table(job: str, record: dict) -> list[str]:
         ("worker start: checkpoint read s (GB, GB/s)",
          f"{_s(start['checkpoint_read'])} ({start['checkpoint_bytes'] / 1e9:.2f} GB, "
          f"{_s(start['checkpoint_gb_per_s'])} GB/s)"),
+        ("worker start: W8A16 dequantization compile s", _s(start.get("w8a16_compile"))),
         ("worker start: VAE load s", _s(start["vae"])),
         ("worker start: pipeline load s / whole worker start s", f"{_s(start['total'])} / {_s(start['worker'])}"),
         ("tokenize s", _s(t["tokenize"], 3)),

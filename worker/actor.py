@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import ray
+import structlog
 
 from farm import checkpoint, metrics, storage
 from farm.errors import WorkerConfigError
 from farm.manifest import Job, ModelSpec
 from worker import encode
 from worker.gpu import check_assignment, cuda_device_facts
+
+log = structlog.get_logger("farm.worker")
 
 
 class Output(Protocol):
@@ -34,7 +37,8 @@ class Output(Protocol):
 
 # Every sidecar carries these keys; a figure that does not apply (GPU memory on a CPU worker, a fake
 # renderer's checkpoint read) is None, so sidecars of every worker have one shape.
-WORKER_START_FIELDS = ("ops", "build", "checkpoint_read", "checkpoint_bytes", "checkpoint_gb_per_s", "vae", "total")
+WORKER_START_FIELDS = ("ops", "build", "checkpoint_read", "checkpoint_bytes", "checkpoint_gb_per_s", "w8a16_compile",
+                       "vae", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
                  "vae_decode_tiled")
 
@@ -60,6 +64,28 @@ class _Cosmos3Renderer:
 
     def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output:
         return self._pipeline(self._request_type(**request), callback=callback)
+
+
+PROGRESS_EVERY = 10.0  # seconds between a long job's progress lines
+
+
+class StepProgress:
+    """The pipeline's step callback for one job: the dashboard's progress gauge after every step, and a
+    `job_progress` log line at most every PROGRESS_EVERY seconds and after the last step. Ray streams the
+    worker's log to the `farm submit` console, so a 3-minute clip shows where it is and when it will end."""
+
+    def __init__(self, gauge: metrics.WorkerProgress, key: str, clock: Callable[[], float] = time.monotonic):
+        self._gauge, self._key, self._clock = gauge, key, clock
+        self._started = self._last = clock()
+
+    def __call__(self, step: int, num_steps: int) -> None:
+        self._gauge.step(step, num_steps)
+        now, done = self._clock(), step + 1
+        if done == num_steps or now - self._last >= PROGRESS_EVERY:
+            self._last = now
+            elapsed = now - self._started
+            log.info("job_progress", key=self._key, step=done, steps=num_steps, elapsed_s=round(elapsed, 1),
+                     eta_s=round(elapsed / done * (num_steps - done), 1))
 
 
 def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
@@ -118,7 +144,7 @@ class RenderWorker:
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
         """Renders `job`, publishes media then sidecar, returns a small summary for the driver."""
         started = time.time()
-        output = self._renderer(job.request(), self._progress.step)
+        output = self._renderer(job.request(), StepProgress(self._progress, job.key))
         rendered = time.time()
         encoded: list[float] = []
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import ray
+import structlog.testing
 
 from farm import manifest, storage
 from farm.errors import WorkerConfigError
 from tests.farm.helpers import local_cluster, make_checkpoint, write_manifest
 from worker import fake
-from worker.actor import RenderWorker, refuse_sharded_static_fp8
+from worker.actor import RenderWorker, StepProgress, refuse_sharded_static_fp8
 
 ORIGIN = {"run": "run-1", "path": "/m.yaml", "sha256": "abc", "name": "test"}
 
@@ -101,3 +102,24 @@ def test_the_sidecar_records_the_gpu_uuid_and_where_the_ops_came_from(cluster, t
     record = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())
     assert record["worker"] == identity and identity["gpu"] == ["0"]
     assert {key: record["worker"][key] for key in DEVICE_FACTS} == DEVICE_FACTS
+
+
+class _Gauge:
+    def __init__(self):
+        self.seen = []
+
+    def step(self, step, num_steps):
+        self.seen.append((step, num_steps))
+
+
+def test_a_long_job_logs_its_progress_every_ten_seconds_and_at_its_end():
+    """Issue 15: a 3-minute clip shows per-step progress in the CLI (Ray streams worker logs) and the dashboard."""
+    times = iter([0.0, 5.0, 11.0, 16.0, 22.0, 23.0])  # the start, then after each of five steps
+    gauge = _Gauge()
+    progress = StepProgress(gauge, "t2v", clock=lambda: next(times))
+    with structlog.testing.capture_logs() as logs:
+        for step in range(5):
+            progress(step, 5)
+    assert gauge.seen == [(i, 5) for i in range(5)]  # the gauge hears every step
+    assert [(e["step"], e["elapsed_s"], e["eta_s"]) for e in logs] == [(2, 11.0, 16.5), (4, 22.0, 5.5), (5, 23.0, 0.0)]
+    assert {e["event"] for e in logs} == {"job_progress"} and {e["key"] for e in logs} == {"t2v"}
