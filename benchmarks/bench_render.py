@@ -318,8 +318,9 @@ def direct_tables(r: dict) -> list[str]:
     lines = ["### Pipeline alone (no Ray): worker start, T2I twice, a T2V latent decoded untiled and tiled", "",
              "| figure | value |", "|---|---|",
              f"| page cache | {load['page_cache']} |",
-             f"| ops / allocate / checkpoint read / VAE / pipeline total s | {_s(load['ops'])} / {_s(load['build'])} / "
-             f"{_s(load['checkpoint_read'])} / {_s(load['vae'])} / {_s(load['total'])} |",
+             f"| ops / allocate / checkpoint read / W8A16 compile / VAE / pipeline total s | {_s(load['ops'])} / "
+             f"{_s(load['build'])} / {_s(load['checkpoint_read'])} / {_s(load.get('w8a16_compile'))} / "
+             f"{_s(load['vae'])} / {_s(load['total'])} |",
              f"| checkpoint read | {load['checkpoint_bytes'] / 1e9:.2f} GB at {_s(load['checkpoint_gb_per_s'])} GB/s |"]
     for i, job in enumerate(r["t2i"]):
         steps = job["timings"]["steps"]
