@@ -7,11 +7,15 @@ Variants, measured side by side in one run on the same random weights:
   fp8 split       ours, static FP8 W8A8, Q/K/V and gate/up split, shared input quantization
   fp8 fused       static FP8 forced onto the fused topology (one max(scale) per fused weight,
                   the layout TensorRT-LLM had before PR #17476); a speed baseline only
-  w8a16 step      the fp8 model on an edge step of the checkpoint's step policy
+  w8a16 step      the fp8 model on an edge step of the checkpoint's step policy (BF16 attention there)
+  fp8 attn        the fp8 split model with attention="fp8" (cuDNN sdpa_fp8 where the GEN pass is long
+                  enough for it to pay, BF16 below: the attention column names the kernel)
 Our variants run eager and replayed from CUDA graphs (``cosmos3.cuda_graphs.enable_cuda_graphs(model)``). Per
-variant: step time (median, CUDA events), GEN-linear time and attention time measured alone
-(their share of the step), weight memory of the decoder projections, peak memory of a step over
-the resident weights, and memory left behind after the step (a W8A16 step must leave none).
+variant: step time (median, CUDA events), the attention kernel of its GEN steps, GEN-linear time
+and attention time measured alone (their share of the step), weight memory of the decoder
+projections, peak memory of a step over the resident weights, and memory left behind after the
+step (a W8A16 step must leave none). ``--no-diffusers`` also builds the random checkpoint without
+diffusers (the GPU machine has none); ``--variants`` / ``--modes`` keep a 36-layer run short.
 
 ``--sound`` (video shapes): the layers also carry Nano's sound head, and every variant of ours is
 measured again with the clip's sound tokens in the GEN stream (720p / 189 frames at 24 fps = 7.875 s
@@ -19,6 +23,8 @@ measured again with the clip's sound tokens in the GEN stream (720p / 189 frames
 
     python benchmarks/bench_transformer.py --layers 4 --tokens 1024 44160
     python benchmarks/bench_transformer.py --layers 4 --tokens 44160 --sound --no-diffusers
+    python benchmarks/bench_transformer.py --layers 36 --no-diffusers --modes graphs \\
+        --variants bf16 "fp8 split" "fp8 attn" "w8a16 step"
 """
 
 from __future__ import annotations
@@ -35,15 +41,16 @@ from cosmos3.checkpoint import TensorDict  # noqa: E402
 from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
 from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, calibrate_input_amax, quantization_config, quantize_tensors  # noqa: E402
-from cosmos3.layers.attention import _sdpa  # noqa: E402
 from cosmos3.layers.linear import Linear, quantize_shared_input  # noqa: E402
 from cosmos3.loader import build_transformer  # noqa: E402
 from cosmos3.quant import STATIC_FP8  # noqa: E402
+from tests.cosmos3.random_weights import random_checkpoint  # noqa: E402
 
 # GEN tokens -> latent [C, T, H, W]: 1,024 = T2I 1024x1024; 44,160 = 720p, 189 frames (45 rows pad to 46).
 LATENT_SHAPES = {1024: (48, 1, 64, 64), 44160: (48, 48, 45, 80)}
 # Nano's sound: 64-d latents, 25 per second (the published AVAE decodes 48 kHz over a 1920-sample hop).
 NANO_SOUND = SoundConfig(sound_dim=64, latent_fps=25.0, sampling_rate=48000, hop_size=1920, channels=2)
+VARIANTS = ("bf16", "fp8 split", "fp8 fused", "w8a16 step", "fp8 attn")
 
 
 def nano_config(layers: int, vocab: int, sound: bool = False) -> dict:
@@ -101,12 +108,16 @@ def gen_linears(model, x: torch.Tensor) -> None:
         layer.mlp_moe_gen(x)
 
 
-def attention_only(model, n_gen: int, n_und: int) -> None:
+def attention_only(model, n_gen: int, n_und: int):
+    """Every layer's GEN attention, with the kernel the model's GEN step runs now."""
     cfg = model.config
     q = torch.randn(n_gen, cfg.num_attention_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(n_gen + n_und, cfg.num_key_value_heads, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
-    for _ in model.layers:
-        _sdpa(q, kv, kv, causal=False)
+
+    def run():
+        for _ in model.layers:
+            model.attention.gen(q, kv, kv)
+    return run
 
 
 def fuse_static_fp8(bf16_model, fp8_model) -> None:
@@ -127,18 +138,22 @@ def fuse_static_fp8(bf16_model, fp8_model) -> None:
         fused.quant_method = STATIC_FP8  # apply() only needs the tensors; the fused layout is the point
 
 
-def build_models(layers: int, vocab: int, with_diffusers: bool, sound: bool):
-    from diffusers import Cosmos3OmniTransformer
-
+def build_models(layers: int, vocab: int, with_diffusers: bool, sound: bool, with_fused: bool):
     torch.manual_seed(0)
     cfg = nano_config(layers, vocab, sound)
-    with torch.device("cuda"):  # initialise on the GPU: a CPU init of billions of params takes minutes
-        reference = Cosmos3OmniTransformer(**cfg).to(torch.bfloat16).eval()
-    reference.time_embedder.float()
-    with torch.no_grad():
-        for name, p in reference.named_parameters():
-            p.copy_((1.0 + 0.05 * torch.randn_like(p)) if "norm" in name else 0.02 * torch.randn_like(p))
-    state = {k: v for k, v in reference.state_dict().items()}
+    reference = None
+    if with_diffusers:
+        from diffusers import Cosmos3OmniTransformer
+
+        with torch.device("cuda"):  # initialise on the GPU: a CPU init of billions of params takes minutes
+            reference = Cosmos3OmniTransformer(**cfg).to(torch.bfloat16).eval()
+        reference.time_embedder.float()
+        with torch.no_grad():
+            for name, p in reference.named_parameters():
+                p.copy_((1.0 + 0.05 * torch.randn_like(p)) if "norm" in name else 0.02 * torch.randn_like(p))
+        state = {k: v for k, v in reference.state_dict().items()}
+    else:
+        state = random_checkpoint(cfg)
     config = Cosmos3Config.from_dict(cfg)
     bf16 = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, vocab, (512,), device="cuda")
@@ -147,10 +162,12 @@ def build_models(layers: int, vocab: int, with_diffusers: bool, sound: bool):
     fp8_state = quantize_tensors(TensorDict(state), amax, quant)
     fp8_config = Cosmos3Config.from_dict({**cfg, "quantization_config": quant})
     fp8 = build_transformer(fp8_config, TensorDict(fp8_state), device="cuda", dtype=torch.bfloat16)
-    fused = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
-    fuse_static_fp8(fused, fp8)
+    fused = None
+    if with_fused:
+        fused = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
+        fuse_static_fp8(fused, fp8)
     del state, fp8_state
-    return (reference if with_diffusers else None), bf16, fp8, fused
+    return reference, bf16, fp8, fused
 
 
 def main() -> None:
@@ -163,11 +180,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-diffusers", action="store_true")
     parser.add_argument("--sound", action="store_true", help="also measure each variant with the clip's sound tokens")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"])
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
     print(f"GPU {props.name}, sm_{props.major}{props.minor}, CUDA {torch.version.cuda}, torch {torch.__version__}; "
           f"Nano-shaped layers: {args.layers} (of 36), text tokens {args.text_tokens}")
-    reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound)
+    reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound,
+                                               "fp8 fused" in args.variants)
     print(f"decoder projection weights: bf16 {projection_gib(bf16):.2f} GiB, fp8 split {projection_gib(fp8):.2f} GiB "
           f"({projection_gib(fp8) / projection_gib(bf16):.2f}x)")
     ids = torch.randint(0, args.vocab, (args.text_tokens,), device="cuda")
@@ -203,35 +223,41 @@ def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
         frames = (latents.shape[1] - 1) * 4 + 1
         sound = torch.randn(NANO_SOUND.sound_dim, NANO_SOUND.latent_frames(frames, fps), device="cuda",
                             dtype=torch.bfloat16)
-    caches = {m: m.encode_text(ids) for m in (bf16, fp8, fused)}
+    caches = {m: m.encode_text(ids) for m in (bf16, fp8, fused) if m is not None}
 
     def step(model, cached=True, sound=None):
         cache = caches[model] if cached else None
         return lambda: model(ids, latents, 500.0, fps=fps, und_cache=cache, sound_latents=sound)
 
-    ours = {"bf16": bf16, "fp8 split": fp8, "fp8 fused": fused, "w8a16 step": fp8}
+    models = {"bf16": bf16, "fp8 split": fp8, "fp8 fused": fused, "w8a16 step": fp8, "fp8 attn": fp8}
+    ours = {name: models[name] for name in VARIANTS if name in args.variants}
     rows = {}
-    if reference is not None:
-        from tests.cosmos3.reference import reference_forward
+    if "eager" in args.modes:
+        if reference is not None:
+            from tests.cosmos3.reference import reference_forward
 
-        rows["diffusers"] = measure(lambda: reference_forward(reference, ids, latents, 500.0, fps=fps), None, args)
-    rows["bf16 no-cache"] = measure(step(bf16, cached=False), None, args)
+            rows["diffusers"] = measure(lambda: reference_forward(reference, ids, latents, 500.0, fps=fps), None, args)
+        rows["bf16 no-cache"] = measure(step(bf16, cached=False), None, args)
     streams = [("", None)] + ([(SOUND, sound)] if sound is not None else [])
-    for mode in ("eager", "graphs"):
+    for mode in args.modes:
         for extra, tokens in streams:
             n_gen = n + (0 if tokens is None else tokens.shape[1])
-            attention = lambda n_gen=n_gen: attention_only(bf16, n_gen, ids.numel())  # noqa: E731
-            attention = graphed(attention) if mode == "graphs" else attention
-            attention_ms = timed(attention, args.iters, args.warmup)
             x = torch.randn(n_gen, bf16.config.hidden_size, device="cuda", dtype=torch.bfloat16)
             for name, model in ours.items():
-                # The edge step of a 35-step schedule runs W8A16; the middle one W8A8.
+                # The edge step of a 35-step schedule runs W8A16 (and BF16 attention); the middle one W8A8.
                 fp8.set_denoising_step(0 if name == "w8a16 step" else 17, 35)
+                if name == "fp8 attn":
+                    fp8.attention.use("fp8")
                 if mode == "graphs" and model.cuda_graphs is None:
                     enable_cuda_graphs(model)
                 linears = lambda model=model: gen_linears(model, x)  # noqa: E731
                 linears = graphed(linears) if mode == "graphs" else linears
-                rows[f"{name}{extra} ({mode})"] = measure(step(model, sound=tokens), linears, args, attention_ms)
+                attention = attention_only(model, n_gen, ids.numel())
+                attention = graphed(attention) if mode == "graphs" else attention
+                rows[f"{name}{extra} ({mode})"] = measure(step(model, sound=tokens), linears, args,
+                                                          timed(attention, args.iters, args.warmup),
+                                                          model.attention.gen_kernel("cuda", n_gen))
+                fp8.attention.use("auto")
     for model in ours.values():
         model.cuda_graphs = None
     fp8.set_denoising_step(17, 35)
@@ -239,11 +265,11 @@ def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
 
 
 @torch.no_grad()
-def measure(step, linears, args, attention_ms=float("nan")) -> dict:
+def measure(step, linears, args, attention_ms=float("nan"), kernel: str = "") -> dict:
     step_ms = timed(step, args.iters, args.warmup)
     peak, left = peak_over_resident(step)
     linear_ms = timed(linears, args.iters, args.warmup) if linears else float("nan")
-    return dict(step=step_ms, linears=linear_ms, attention=attention_ms, peak=peak, left=left)
+    return dict(step=step_ms, linears=linear_ms, attention=attention_ms, peak=peak, left=left, kernel=kernel)
 
 
 def print_sound_table(n: int, rows: dict) -> None:
@@ -258,15 +284,16 @@ def print_sound_table(n: int, rows: dict) -> None:
 
 
 def print_table(n: int, rows: dict) -> None:
-    print(f"\n### {n:,} GEN tokens per step; ratios against our bf16 in the same mode (eager / graphs)")
-    print("| variant | step ms | vs bf16 | GEN linears ms | linears vs bf16 | linears share | attention share "
-          "| step peak GiB | left after step GiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n### {n:,} GEN tokens per step; ratios against our bf16 (else the first row) in the same mode")
+    print("| variant | attention | step ms | vs bf16 | GEN linears ms | linears vs bf16 | linears share "
+          "| attention ms | attention share | step peak GiB | left after step GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        base = rows["bf16 (graphs)" if "graphs" in name else "bf16 (eager)"]
-        print(f"| {name} | {r['step']:.2f} | {base['step'] / r['step']:.2f}x | {r['linears']:.2f} "
+        mode = "graphs" if "graphs" in name else "eager"
+        base = rows.get(f"bf16 ({mode})") or next(r for n, r in rows.items() if mode in n)
+        print(f"| {name} | {r['kernel']} | {r['step']:.2f} | {base['step'] / r['step']:.2f}x | {r['linears']:.2f} "
               f"| {base['linears'] / r['linears']:.2f}x | {r['linears'] / r['step']:.0%} "
-              f"| {r['attention'] / r['step']:.0%} | {r['peak']:.2f} | {r['left']:.3f} |")
+              f"| {r['attention']:.2f} | {r['attention'] / r['step']:.0%} | {r['peak']:.2f} | {r['left']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -52,9 +52,10 @@ class GenGraphs:
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
 
     def _mode(self) -> tuple:
-        """Which method each step-gated linear runs now: a W8A16 step and a W8A8 step are different graphs."""
+        """What the step runs now: W8A16 and W8A8 steps, and FP8 and BF16 attention, are different graphs."""
         controller = self.model.step_controller
-        return () if controller is None else tuple(type(l.quant_method).__name__ for l in controller.gen_linears[:1])
+        linears = () if controller is None else tuple(type(l.quant_method).__name__ for l in controller.gen_linears[:1])
+        return linears + (self.model.attention.gen_kernel(self.model.device),)
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
             sound: torch.Tensor | None) -> GenOutput:

@@ -49,7 +49,8 @@ def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **
     """Load ``path`` (checkpoint root or its ``transformer/`` dir) strictly and exactly.
 
     ``options`` are ``build_transformer``'s: ``dtype``, ``precision`` (``"auto"`` follows the
-    checkpoint), ``step_precision`` (``"auto"``: the checkpoint's diffusion_step_policy, if any;
+    checkpoint), ``attention`` (``"auto"``/``"bf16"``: the fastest BF16 kernel; ``"fp8"``: FP8
+    attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``step_precision`` (``"auto"``: the checkpoint's diffusion_step_policy, if any;
     ``"off"``; or ``{"first": n, "last": m}`` to experiment), ``parallel`` (the parallel axes the
     caller intends; static FP8 refuses any above 1) and ``lora``.
     """
@@ -65,6 +66,7 @@ def build_transformer(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     precision: str = "auto",
+    attention: str = "auto",
     step_precision: str | dict | None = "auto",
     parallel: dict[str, int] | None = None,
     lora: object = None,
@@ -80,7 +82,8 @@ def build_transformer(
     clock = Clock(device)
     started = clock()
     with torch.device(device):
-        model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8)
+        model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8, attention=attention)
+    model.attention.check_device(device)  # before loading: an unusable attention choice fails fast
     built = clock()
     load_checkpoint(model, tensors)
     model.validate_after_loading()
@@ -88,7 +91,7 @@ def build_transformer(
     model.load_report = {"build": built - started, "read": clock() - built, "bytes": tensors.bytes_read}
     if policy is not None:
         gen, und = tower_linears(model)
-        model.step_controller = StepPrecisionController(gen, und, policy)
+        model.step_controller = StepPrecisionController(gen, und, policy, model.attention)
     return model.eval()
 
 

@@ -142,6 +142,7 @@ class Cosmos3Pipeline:
         dtype: torch.dtype | None = None,
         precision: str = "auto",
         step_precision: str = "auto",
+        attention: str = "auto",
         cuda_graphs: bool = True,
     ) -> Cosmos3Pipeline:
         """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32).
@@ -156,7 +157,8 @@ class Cosmos3Pipeline:
         started = clock()
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
-        model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision)
+        model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision,
+                                 attention=attention)
         if cuda_graphs and device.type == "cuda":
             enable_cuda_graphs(model)
         model_done = clock()
@@ -323,6 +325,7 @@ class Cosmos3Pipeline:
             "task": plan.task,
             "precision": self.model.precision,
             "step_policy": self.model.step_policy_info(),
+            "attention": self.model.attention.describe(self.device),
             "checkpoint": self.checkpoint,
             "scheduler": type(scheduler).__name__,
             "flow_shift": plan.flow_shift,

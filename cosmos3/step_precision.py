@@ -8,6 +8,8 @@ apply it with the published semantics:
 * step ``i`` of ``N`` runs W8A16 when ``i < first`` or ``i >= N - last``; a one-step schedule
   stays native (the warmup carve-out shared by TensorRT-LLM, SGLang and diffusers);
 * the choice is made once per step, before both CFG passes, as a pure function of ``i, N``;
+* a W8A16 step also runs BF16 attention when the model's attention is FP8 (edge steps are the
+  precision-sensitive ones);
 * UND linears follow ``reasoner`` once: the UND tower runs once per request and is cached.
 """
 
@@ -138,23 +140,28 @@ def _published_shape() -> dict:
 
 
 class StepPrecisionController:
-    """Rebinds static-FP8 linears between W8A8 and W8A16; holds no tensors of its own."""
+    """Rebinds static-FP8 linears between W8A8 and W8A16, and attention between FP8 and BF16 with them;
+    holds no tensors of its own. ``attention`` is the model's AttentionKernels (its ``precise`` flag)."""
 
-    def __init__(self, gen_linears: list, und_linears: list, policy: StepPolicy):
+    def __init__(self, gen_linears: list, und_linears: list, policy: StepPolicy, attention=None):
         from cosmos3.quant import STATIC_FP8, W8A16
 
         self._w8a8, self._w8a16 = STATIC_FP8, W8A16
         self.policy = policy
         self.gen_linears = gen_linears
+        self.attention = attention
         self.step: tuple[int, int] | None = None
         und_method = W8A16 if policy.reasoner == "a16" else STATIC_FP8
         for linear in und_linears:  # once per model: the UND tower is not step-gated
             linear.quant_method = und_method
 
     def set_step(self, step: int, num_steps: int) -> None:
-        method = self._w8a16 if self.policy.is_high_precision(step, num_steps) else self._w8a8
+        precise = self.policy.is_high_precision(step, num_steps)
+        method = self._w8a16 if precise else self._w8a8
         for linear in self.gen_linears:
             linear.quant_method = method
+        if self.attention is not None:
+            self.attention.precise = precise
         self.step = (step, num_steps)
 
     def describe(self) -> dict:

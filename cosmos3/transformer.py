@@ -17,6 +17,7 @@ from torch import nn
 
 from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import MoTAttention
+from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.embeddings import DomainAwareLinear, TimestepEmbedding, patchify, unpatchify
 from cosmos3.layers.linear import Linear
 from cosmos3.layers.mlp import GatedMLP
@@ -57,7 +58,8 @@ class GenOutput:
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 block, once per tower; both towers meet only inside attention."""
 
-    def __init__(self, config: Cosmos3Config, *, split: bool, make_linear, dtype: torch.dtype):
+    def __init__(self, config: Cosmos3Config, *, split: bool, make_linear, dtype: torch.dtype,
+                 attention: AttentionKernels):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps, dtype)
@@ -67,6 +69,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = MoTAttention(
             hidden_size=h, num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim, eps=eps, split_qkv=split, make_linear=make_linear("self_attn"), dtype=dtype,
+            kernels=attention,
         )
         mlp_args = dict(hidden_size=h, intermediate_size=config.intermediate_size, split_gate_up=split)
         self.mlp = GatedMLP(**mlp_args, make_linear=make_linear("mlp"))
@@ -92,14 +95,16 @@ class Cosmos3Transformer(nn.Module):
     ``fp8-dynamic`` fuse Q/K/V and gate/up per tower; ``fp8-static`` keeps them split and runs
     W8A8 exactly on ``fp8_modules`` (the checkpoint's FP8 Linears, ``checkpoint_header.fp8_modules``,
     proj_in / proj_out / time_embedder included when it quantized them), the rest high precision.
+    ``attention`` (``auto``, ``bf16``, ``fp8``) picks the attention kernels (attention_kernels.py).
     """
 
     def __init__(self, config: Cosmos3Config, *, precision: str = "bf16", dtype: torch.dtype = torch.bfloat16,
-                 fp8_modules: frozenset[str] = frozenset()):
+                 fp8_modules: frozenset[str] = frozenset(), attention: str = "auto"):
         super().__init__()
         self.config = config
         self.precision = precision
         self.dtype = dtype
+        self.attention = AttentionKernels(attention)
         self.step_controller = None  # set by the loader when a step policy is in force
         # The last layer's UND MLP output is never read (GEN needs only its K/V), so it is
         # skipped; FP8 calibration turns this off so every projection sees activations.
@@ -124,7 +129,7 @@ class Cosmos3Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, h, dtype=dtype)
         self.layers = nn.ModuleList(
             DecoderLayer(config, split=split, make_linear=lambda sub, i=i: make_linear_in(f"layers.{i}.{sub}"),
-                         dtype=dtype)
+                         dtype=dtype, attention=self.attention)
             for i in range(config.num_hidden_layers)
         )
         self.norm_moe_gen = RMSNorm(h, config.rms_norm_eps, dtype)
@@ -268,7 +273,7 @@ class Cosmos3Transformer(nn.Module):
     # ---------------------------------------------------------------- step precision
 
     def set_denoising_step(self, step: int, num_steps: int) -> None:
-        """Pick step ``step`` of ``num_steps``'s precision, once, before both CFG passes."""
+        """Pick step ``step`` of ``num_steps``'s precision (linears and attention), once, before both CFG passes."""
         if self.step_controller is not None:
             self.step_controller.set_step(step, num_steps)
 

@@ -166,7 +166,8 @@ class RenderWorker:
         record = storage.sidecar_record(
             job, self._origin["run"], attempt, media, manifest=self._origin, worker=self._identity,
             checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
-            step_policy=output.info.get("step_policy"), started=started, finished=finished, **figures,
+            step_policy=output.info.get("step_policy"), attention=output.info.get("attention"),
+            started=started, finished=finished, **figures,
         )
         storage.write_json(storage.sidecar_path(job.media), record, attempt)
         return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,

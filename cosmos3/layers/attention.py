@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.linear import Linear, quantize_shared_input, validate_shared_input_scales
 from cosmos3.layers.norm import RMSNorm
 from cosmos3.layers.rope import apply_rope
@@ -42,10 +42,11 @@ GEN = Tower("add_q_proj", "add_k_proj", "add_v_proj", "to_add_out", "norm_added_
 
 class MoTAttention(nn.Module):
     def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
-                 split_qkv: bool, make_linear: LinearFactory, dtype: torch.dtype):
+                 split_qkv: bool, make_linear: LinearFactory, dtype: torch.dtype, kernels: AttentionKernels):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.split_qkv = split_qkv
+        self.kernels = kernels  # shared by every layer of the model: the attention choice lives there
         q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
         for tower in (UND, GEN):
             if split_qkv:
@@ -76,13 +77,13 @@ class MoTAttention(nn.Module):
     def und(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """UND causal self-attention; returns the output and this layer's K/V for the cache."""
         q, k, v = self._qkv(UND, x, cos, sin)
-        out = _sdpa(q, k, v, causal=True)
+        out = self.kernels.und(q, k, v)
         return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
 
     def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor):
         """GEN queries attend, unmasked, to the UND keys first and then the GEN keys."""
         q, k, v = self._qkv(GEN, x, cos, sin)
-        out = _sdpa(q, torch.cat([k_und, k]), torch.cat([v_und, v]), causal=False)
+        out = self.kernels.gen(q, torch.cat([k_und, k]), torch.cat([v_und, v]))
         return self.to_add_out(out)
 
     def validate_after_loading(self, where: str) -> None:
@@ -91,11 +92,3 @@ class MoTAttention(nn.Module):
                 group = {name: getattr(self, name) for name in (tower.q, tower.k, tower.v)}
                 validate_shared_input_scales(group, where)
 
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
-    """``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` -> ``[Sq, nh*hd]``; GQA, scale 1/sqrt(hd)."""
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
-        is_causal=causal, enable_gqa=True,
-    )  # [1, nh, Sq, hd]
-    return out.squeeze(0).transpose(0, 1).reshape(q.shape[0], -1)

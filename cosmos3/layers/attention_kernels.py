@@ -1,0 +1,347 @@
+"""Attention kernels of the MoT layers: torch SDPA for BF16, cuDNN's ``sdpa_fp8`` for FP8, one choice per model.
+
+Every kernel maps ``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` (GQA, ``nh % nkv == 0``) to ``[Sq, nh*hd]``
+with softmax scale ``1/sqrt(hd)``; the token-major layout goes to the kernels as strides, never copied.
+
+FP8 recipe (``fp8_inputs``), computed from the tensors of this call, so no calibration data exists:
+keys are smoothed (their mean over tokens subtracted: softmax ignores a per-query constant, and
+``q . (k - m) = q . k - q . m``), then Q, K and V each get one power-of-two scale ``2^ceil(log2(amax/448))``
+and go through the project's saturating ``quantize_fp8``. Powers of two make every descale exact
+in any dtype. Inside the kernel the probabilities P (<= 1 against the running row max) are FP8 with
+scale 1/448; on Hopper cuDNN also writes O as FP8 (|O| <= max|V|, so O's scale is V's), which we
+dequantize. ``fp8_attention_reference`` is the same arithmetic in plain fp32 torch ops (CPU or GPU).
+bench_attention.py measured the candidates: cuDNN's are the fastest on the H200 (BF16 617 TFLOP/s,
+FP8 800 at 44,160 x 44,672), but its FP8 kernel fails the quality gate there (FAILED_QUALITY_GATE).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cosmos3.attention_choice import check_attention
+from cosmos3.errors import ConfigError
+from cosmos3.ops import FP8, FP8_MAX, quantize_fp8
+
+P_SCALE = FP8_MAX  # P in [0, 1] is stored as P * 448 in FP8
+
+
+# ------------------------------------------------------------------ FP8 quantization (shared by every path)
+
+def smooth_keys(k: torch.Tensor) -> torch.Tensor:
+    """``k [Sk, nkv, hd]`` minus its mean over tokens (per head and channel); attention is unchanged."""
+    return k - k.mean(dim=0, keepdim=True, dtype=torch.float32).to(k.dtype)
+
+
+def power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
+    """fp32 ``[1]`` device tensor ``2^ceil(log2(amax(x) / 448))``: ``x / scale`` fits FP8 e4m3, no host sync."""
+    amax = torch.linalg.vector_norm(x, float("inf")).float().clamp_min(2.0**-100).reshape(1)
+    return torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
+
+
+def fp8_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True):
+    """``(q8, k8, v8), (sq, sk, sv)``: FP8 tensors in the input layouts and their fp32 ``[1]`` dequant scales.
+
+    ``smooth=False`` exists to measure what smoothing buys (bench_attention.py); the kernels always smooth.
+    """
+    k = smooth_keys(k) if smooth else k
+    scales = tuple(power_of_two_scale(t) for t in (q, k, v))
+    return tuple(quantize_fp8(t.contiguous(), s) for t, s in zip((q, k, v), scales)), scales
+
+
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+    """fp32 attention with no quantization, the reference every kernel is measured against; ``[Sq, nh*hd]``."""
+    q, k, v = (t.float() for t in (q, k, v))
+    return _attention_f32(q, k, v, causal=causal, p_fp8=False).reshape(q.shape[0], -1)
+
+
+def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
+                            fp8_output: bool, smooth: bool = True, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The FP8 kernel's arithmetic in fp32 torch ops: quantized Q/K/V, P in FP8, O in FP8 if ``fp8_output``.
+
+    P is taken against the exact row max (a flash kernel uses a running max, which only makes its
+    early P values smaller). ``rows`` (query indices, non-causal only) limits the output to those
+    queries, quantized with the whole tensor's scale. ``[Sq or len(rows), nh*hd]`` in ``q``'s dtype.
+    """
+    (q8, k8, v8), (sq, sk, sv) = fp8_inputs(q, k, v, smooth=smooth)
+    if rows is not None:
+        q8 = q8[rows]
+    out = _attention_f32(q8.float() * sq, k8.float() * sk, v8.float() * sv, causal=causal, p_fp8=True)
+    if fp8_output:
+        out = quantize_fp8(out.contiguous(), sv).float() * sv
+    return out.to(q.dtype).reshape(q8.shape[0], -1)
+
+
+def _attention_f32(q, k, v, *, causal: bool, p_fp8: bool) -> torch.Tensor:
+    """fp32 ``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` -> ``[Sq, nh, hd]``; the whole score matrix at once."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [Sk, nh, hd]
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])  # [nh, Sq, Sk]
+    if causal:
+        keep = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # <= 1
+    total = p.sum(dim=-1, keepdim=True)  # the row sum of the unrounded P, as a flash kernel keeps it
+    if p_fp8:
+        p = (p * P_SCALE).to(FP8).float() / P_SCALE
+    return torch.einsum("hqk,khd->qhd", p / total, v)
+
+
+# ------------------------------------------------------------------ kernels
+
+_TORCH_ORDER = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+class SdpaKernel:
+    """torch's SDPA with ``backend`` first (or torch's own dispatch when it is None, as on CPU).
+
+    ``pinned``: that backend only (benchmarks and tests); otherwise the others follow it in torch's
+    order, so a shape it does not support (the toy model's head_dim 8) still runs.
+    """
+
+    def __init__(self, backend: SDPBackend | None, *, pinned: bool = False):
+        self.name = "sdpa" if backend is None else f"sdpa-{backend.name.lower().replace('_attention', '')}"
+        self.backends = None if backend is None else [backend] + ([] if pinned else
+                                                                  [b for b in _TORCH_ORDER if b != backend])
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
+        q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, S, hd] views
+        if self.backends is None:
+            out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, enable_gqa=True)
+        else:
+            with sdpa_kernel(self.backends, set_priority=True):
+                out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, enable_gqa=True)
+        return out.squeeze(0).transpose(0, 1).reshape(q.shape[0], -1)  # [1, nh, Sq, hd] -> [Sq, nh*hd]
+
+
+class Fp8ReferenceKernel:
+    """``fp8_attention_reference`` as a kernel (CPU only: it holds the whole score matrix); Hopper's FP8 O."""
+
+    name = "fp8-reference"
+
+    def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
+        return fp8_attention_reference(q, k, v, causal=causal, fp8_output=True)
+
+
+class CudnnFp8Kernel:
+    """cuDNN frontend ``sdpa_fp8`` on Hopper/Blackwell: one cuDNN graph per shape, built on first use."""
+
+    name = "cudnn-fp8"
+
+    def __init__(self):
+        import cudnn  # nvidia-cudnn-frontend
+
+        self._cudnn = cudnn
+        self._handles: dict[int, object] = {}
+        self._plans: dict[tuple, _CudnnFp8Plan] = {}
+
+    def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
+        (q8, k8, v8), (sq, sk, sv) = fp8_inputs(q, k, v)
+        key = (tuple(q.shape), tuple(k.shape), causal, q.device.index)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = _CudnnFp8Plan(self._cudnn, self._handle(q.device), q8, k8, causal)
+        return plan.run(q8, k8, v8, sq, sk, sv, out_dtype=q.dtype)
+
+    def describe(self) -> dict:
+        return {plan.key: plan.describe() for plan in self._plans.values()}
+
+    def _handle(self, device: torch.device):
+        if device.index not in self._handles:
+            with torch.cuda.device(device):
+                self._handles[device.index] = self._cudnn.create_handle()
+        return self._handles[device.index]
+
+
+class _CudnnFp8Plan:
+    """One built cuDNN FP8 SDPA graph. Hopper wants FP8 O and may want as many K/V heads as Q heads:
+    the variants are tried in order of preference at build time, and the first cuDNN supports is kept."""
+
+    def __init__(self, cudnn, handle, q8: torch.Tensor, k8: torch.Tensor, causal: bool, stats: bool = False):
+        self.cudnn, self.handle, self.stats = cudnn, handle, stats
+        self.key = f"q{list(q8.shape)} k{list(k8.shape)} causal={causal}"
+        device = q8.device
+        self.descale_s = torch.full((1, 1, 1, 1), 1.0 / P_SCALE, device=device)
+        self.scale_s = torch.full((1, 1, 1, 1), P_SCALE, device=device)
+        self.one = torch.ones((1, 1, 1, 1), device=device)
+        self.amax = torch.empty((2, 1, 1, 1, 1), device=device)  # amax(S), amax(O): outputs nobody reads
+        errors = []
+        for bf16_out, expand_kv in ((True, False), (False, False), (True, True), (False, True)):
+            try:
+                self._build(q8, k8, causal, bf16_out, expand_kv)
+                break
+            except Exception as err:  # noqa: BLE001 - cuDNN reports "not supported" with several types
+                errors.append(f"bf16 O={bf16_out}, expanded K/V={expand_kv}: {type(err).__name__}: {err}")
+        else:
+            raise RuntimeError(f"cuDNN sdpa_fp8 supports none of our layouts for {self.key}:\n  " + "\n  ".join(errors))
+        self.bf16_out, self.expand_kv = bf16_out, expand_kv
+
+    def _build(self, q8, k8, causal: bool, bf16_out: bool, expand_kv: bool) -> None:
+        cudnn = self.cudnn
+        e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+        graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32,
+                              handle=self.handle)
+        sq, nh, hd = q8.shape
+        sk, nkv = k8.shape[0], nh if expand_kv else k8.shape[1]
+
+        def bhsd(name, s, h, dtype=e4m3):  # token-major [S, H, D] memory seen as [1, H, S, D]
+            return graph.tensor(name=name, dim=[1, h, s, hd], stride=[s * h * hd, hd, h * hd, 1], data_type=dtype)
+
+        scalar = dict(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
+        q, k, v = bhsd("q", sq, nh), bhsd("k", sk, nkv), bhsd("v", sk, nkv)
+        scales = [graph.tensor(name=n, **scalar) for n in ("descale_q", "descale_k", "descale_v", "descale_s",
+                                                          "scale_s", "scale_o")]
+        o, lse, amax_s, amax_o = graph.sdpa_fp8(q=q, k=k, v=v, descale_q=scales[0], descale_k=scales[1],
+                                              descale_v=scales[2], descale_s=scales[3], scale_s=scales[4],
+                                              scale_o=scales[5], generate_stats=self.stats,
+                                              attn_scale=1.0 / math.sqrt(hd), use_causal_mask=causal, name="sdpa")
+        o.set_output(True).set_dim([1, nh, sq, hd]).set_stride([sq * nh * hd, hd, nh * hd, 1]).set_data_type(
+            cudnn.data_type.BFLOAT16 if bf16_out else e4m3)
+        for amax in (amax_s, amax_o):
+            amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+        if self.stats:  # log-sum-exp of each query row's scaled scores, [1, nh, sq, 1]
+            lse.set_output(True).set_dim([1, nh, sq, 1]).set_stride([nh * sq, sq, 1, 1]).set_data_type(f32)
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+        self.graph, self.tensors = graph, (q, k, v, *scales, o, amax_s, amax_o) + ((lse,) if self.stats else ())
+        self.workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q8.device)
+
+    def run(self, q8, k8, v8, sq, sk, sv, *, out_dtype: torch.dtype) -> torch.Tensor:
+        if self.expand_kv:
+            group = q8.shape[1] // k8.shape[1]
+            k8, v8 = (t.repeat_interleave(group, dim=1) for t in (k8, v8))
+        out = torch.empty(q8.shape, dtype=torch.bfloat16 if self.bf16_out else FP8, device=q8.device)
+        scale_o = self.one if self.bf16_out else (1.0 / sv).reshape(1, 1, 1, 1)
+        data = (q8, k8, v8, sq.reshape(1, 1, 1, 1), sk.reshape(1, 1, 1, 1), sv.reshape(1, 1, 1, 1),
+                self.descale_s, self.scale_s, scale_o, out, self.amax[0], self.amax[1])
+        if self.stats:
+            self.lse = torch.empty((1, q8.shape[1], q8.shape[0], 1), device=q8.device)
+            data += (self.lse,)
+        self.cudnn.set_stream(self.handle, torch.cuda.current_stream(q8.device).cuda_stream)
+        self.graph.execute(dict(zip(self.tensors, data)), self.workspace, handle=self.handle)
+        if not self.bf16_out:  # O was stored as O / sv; sv is a power of two, exact in bf16
+            out = out.to(out_dtype) * sv.to(out_dtype)
+        return out.reshape(q8.shape[0], -1).to(out_dtype)
+
+    def describe(self) -> dict:
+        return {"bf16_output": self.bf16_out, "expanded_kv": self.expand_kv}
+
+
+# ------------------------------------------------------------------ the choice
+
+def bf16_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn_available: bool) -> str:
+    """The fastest BF16 kernel for a device: cuDNN's SDPA on sm_90+ (614 vs 352 TFLOP/s for flash on the
+    H200 at 44,160 tokens, bench_attention.py), flash before that, torch's own dispatch off CUDA."""
+    if device_type != "cuda":
+        return "sdpa"
+    if capability is not None and capability >= (9, 0) and cudnn_available:
+        return "sdpa-cudnn"
+    return "sdpa-flash"
+
+
+# The quality gate: GPU generations on which cuDNN's FP8 SDPA missed the 5% per-layer error budget
+# (relative L2 against fp32 attention) at the GEN shapes, with what was measured.
+FAILED_QUALITY_GATE = {
+    9: "on Hopper (cuDNN 9.19, H200) its error grows with the key count: 3.8% relative L2 at 1,536 keys, "
+       "14% at 11,264 and 31% at 44,672, where our fp32 emulation of the same FP8 inputs stays at 3.0-3.4% "
+       "(benchmarks/results/attention-h200-2026-12-01.md)",
+}
+
+
+def fp8_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool, *,
+                    quality_gate: bool = True) -> str:
+    """``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend installed and the quality gate passed; the fp32
+    reference math on CPU. ``quality_gate=False`` is for benchmarks timing a kernel that failed it."""
+    if device_type == "cpu":
+        return "fp8-reference"
+    if device_type != "cuda" or capability is None or capability < (9, 0):
+        raise ConfigError(f"attention='fp8' needs an sm_90+ (Hopper or Blackwell) GPU, got {device_type} "
+                          f"with compute capability {capability}; use attention='auto'")
+    if quality_gate and capability[0] in FAILED_QUALITY_GATE:
+        raise ConfigError(f"attention='fp8' is refused on sm_{capability[0]}{capability[1]}: cuDNN's FP8 attention "
+                          f"misses the 5% error budget {FAILED_QUALITY_GATE[capability[0]]}; use attention='auto'")
+    if not cudnn_frontend:
+        raise ConfigError("attention='fp8' runs cuDNN's FP8 SDPA, and the nvidia-cudnn-frontend package is not "
+                          "installed: pip install 'cosmos3-farm[fp8-attention]', or use attention='auto'")
+    return "cudnn-fp8"
+
+
+def _device_facts(device: torch.device) -> tuple[str, tuple[int, int] | None]:
+    if device.type != "cuda":
+        return device.type, None
+    return "cuda", torch.cuda.get_device_capability(device)
+
+
+def _has_cudnn_frontend() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("cudnn") is not None
+
+
+_BF16_KERNELS = {"sdpa": None, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
+
+
+class AttentionKernels:
+    """The kernels of one model, shared by its layers: BF16 always, FP8 for GEN when ``choice == "fp8"``.
+
+    ``precise`` is set once per denoising step by the step-precision controller: the W8A16 edge
+    steps run BF16 attention too. UND attention is always BF16: it runs once per prompt (its K/V are
+    cached for every step, so its error would reach all of them) and is about 1% of one GEN step.
+    """
+
+    def __init__(self, choice: str = "auto", *, quality_gate: bool = True):
+        self.choice = check_attention(choice)
+        self.quality_gate = quality_gate  # False only in benchmarks that time an unqualified FP8 kernel
+        self.precise = False
+        self._kernels: dict[tuple, object] = {}
+
+    def use(self, choice: str, *, quality_gate: bool = True) -> None:
+        """Switch a loaded model's choice (benchmarks compare kernels on one set of weights)."""
+        self.choice, self.quality_gate = check_attention(choice), quality_gate
+
+    def check_device(self, device: torch.device | str) -> None:
+        """Fail at load time, not in the first step, when ``device`` cannot run the chosen kernels."""
+        self._kernel(torch.device(device), fp8=self.choice == "fp8")
+
+    def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """GEN queries over ``[K_und ; K_gen]``, unmasked."""
+        return self._kernel(q.device, fp8=self.fp8_active)(q, k, v, causal=False)
+
+    def und(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._kernel(q.device, fp8=False)(q, k, v, causal=True)
+
+    @property
+    def fp8_active(self) -> bool:
+        return self.choice == "fp8" and not self.precise
+
+    def gen_kernel(self, device: torch.device | str) -> str:
+        """The name of the kernel a GEN step on ``device`` runs now (CUDA graphs are keyed by it)."""
+        return self._kernel(torch.device(device), fp8=self.fp8_active).name
+
+    def describe(self, device: torch.device | str) -> dict:
+        device = torch.device(device)
+        info = {"choice": self.choice, "bf16_kernel": self._kernel(device, fp8=False).name}
+        if self.choice == "fp8":
+            info["fp8_kernel"] = self._kernel(device, fp8=True).name
+        return info
+
+    def _kernel(self, device: torch.device, *, fp8: bool):
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        key = (device.type, device.index, fp8)
+        if key not in self._kernels:
+            device_type, capability = _device_facts(device)
+            if fp8:
+                name = fp8_kernel_name(device_type, capability, _has_cudnn_frontend(), quality_gate=self.quality_gate)
+                kernel = CudnnFp8Kernel() if name == "cudnn-fp8" else Fp8ReferenceKernel()
+            else:
+                name = bf16_kernel_name(device_type, capability, torch.backends.cudnn.is_available())
+                kernel = SdpaKernel(_BF16_KERNELS[name])
+            self._kernels[key] = kernel
+        return self._kernels[key]
