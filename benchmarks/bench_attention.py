@@ -8,9 +8,9 @@ logits spread as in a trained model instead of staying near zero), then the mode
 clip's token grid (text positions for the UND keys).
 
 Per kernel: median ms (CUDA events), TFLOP/s (4 * Sq * Sk * heads * hd flops), and the relative L2
-error against fp32 attention of 256 random query rows over all keys. FP8 rows include computing the
-scales and quantizing Q/K/V each call (also timed alone); ``fp8 reference`` rows are our fp32
-emulation of the FP8 recipe, with and without key smoothing, for the error column only.
+error against fp32 attention of 256 random query rows over all keys. FP8 rows include smoothing,
+computing the scales and quantizing Q/K/V each call (also timed alone); ``fp8 reference`` rows are
+our fp32 emulation of the FP8 recipe, with and without smoothing, for the error column only.
 
     python benchmarks/bench_attention.py [--tokens 1024 44160] [--iters 10]
 """
@@ -30,6 +30,7 @@ from cosmos3.layers.attention_kernels import (  # noqa: E402
     CudnnFp8Kernel, SdpaKernel, exact_attention, fp8_attention_reference, fp8_inputs,
 )
 from cosmos3.layers.rope import MRoPE, apply_rope, grid_positions, text_positions  # noqa: E402
+from benchmarks.bench_transformer import timed  # noqa: E402
 
 GRIDS = {1024: (1, 32, 32), 44160: (48, 23, 40)}  # patch grid (T, Hp, Wp) of each GEN token count
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, TEXT = 32, 8, 128, 4096, 512
@@ -63,20 +64,6 @@ def realistic_qkv(n_gen: int, seed: int = 0):
     return q, k, v
 
 
-def timed(fn, iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def candidates() -> dict:
     """name -> (kernel(q, k, v) -> [Sq, nh*hd], note); missing libraries are reported, not skipped silently."""
     from torch.nn.attention import SDPBackend
@@ -94,9 +81,10 @@ def candidates() -> dict:
     try:
         import cudnn
 
-        fp8 = CudnnFp8Kernel()
-        found["cudnn-fp8"] = (lambda q, k, v: fp8(q, k, v, causal=False),
-                              f"nvidia-cudnn-frontend, cuDNN {cudnn.backend_version_string()}")
+        note = f"nvidia-cudnn-frontend, cuDNN {cudnn.backend_version_string()}"
+        fp8, fp8_raw_v = CudnnFp8Kernel(), CudnnFp8Kernel(smooth_values=False)
+        found["cudnn-fp8 (K and V smoothed: the model's)"] = (lambda q, k, v: fp8(q, k, v, causal=False), note)
+        found["cudnn-fp8, V not smoothed"] = (lambda q, k, v: fp8_raw_v(q, k, v, causal=False), note)
     except Exception as err:  # noqa: BLE001 - report why it could not run
         missing["cudnn-fp8"] = f"{type(err).__name__}: {err}"
     try:
@@ -124,19 +112,20 @@ def run_shape(n_gen: int, kernels: dict, iters: int) -> list[dict]:
     for name, (kernel, note) in kernels.items():
         try:
             out = kernel(q, k, v)
-            ms = timed(lambda: kernel(q, k, v), iters)
+            ms = timed(lambda: kernel(q, k, v), iters, warmup=3)
             rows.append(dict(name=name, ms=ms, tflops=flops / ms / 1e9, err=rel_l2(out[rows_idx], ref), note=note))
         except Exception as err:  # noqa: BLE001 - one kernel's failure is a table row, not a crash
             rows.append(dict(name=name, ms=float("nan"), tflops=float("nan"), err=float("nan"),
                              note=f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160]}"))
         torch.cuda.empty_cache()
-    quant_ms = timed(lambda: fp8_inputs(q, k, v), iters)
+    quant_ms = timed(lambda: fp8_inputs(q, k, v), iters, warmup=3)  # smoothing K and V included
     rows.append(dict(name="  (FP8 scales + quantize Q/K/V alone)", ms=quant_ms, tflops=float("nan"),
                      err=float("nan"), note="part of the cudnn-fp8 row"))
     for smooth in (True, False):
         # The emulation holds [32, 256, Sk] scores: it runs on the error rows only, quantized as the kernel does.
-        emulated = fp8_attention_reference(q, k, v, causal=False, fp8_output=True, smooth=smooth, rows=rows_idx)
-        rows.append(dict(name=f"fp8 reference (fp32 emulation, K smoothing {'on' if smooth else 'off'})",
+        emulated = fp8_attention_reference(q, k, v, causal=False, fp8_output=True, smooth_k=smooth, smooth_v=smooth,
+                                           rows=rows_idx)
+        rows.append(dict(name=f"fp8 reference (fp32 emulation, {'K and V smoothed' if smooth else 'no smoothing'})",
                          ms=float("nan"), tflops=float("nan"), err=rel_l2(emulated, ref), note="error only"))
     return rows
 

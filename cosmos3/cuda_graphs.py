@@ -55,7 +55,7 @@ class GenGraphs:
         """What the step runs now: W8A16 and W8A8 steps, and FP8 and BF16 attention, are different graphs."""
         controller = self.model.step_controller
         linears = () if controller is None else tuple(type(l.quant_method).__name__ for l in controller.gen_linears[:1])
-        return linears + (self.model.attention.gen_kernel(self.model.device),)
+        return linears + (self.model.attention.fp8_active,)
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
             sound: torch.Tensor | None) -> GenOutput:

@@ -4,14 +4,18 @@ Every kernel maps ``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` (GQA, ``nh % nkv == 
 with softmax scale ``1/sqrt(hd)``; the token-major layout goes to the kernels as strides, never copied.
 
 FP8 recipe (``fp8_inputs``), computed from the tensors of this call, so no calibration data exists:
-keys are smoothed (their mean over tokens subtracted: softmax ignores a per-query constant, and
-``q . (k - m) = q . k - q . m``), then Q, K and V each get one power-of-two scale ``2^ceil(log2(amax/448))``
-and go through the project's saturating ``quantize_fp8``. Powers of two make every descale exact
-in any dtype. Inside the kernel the probabilities P (<= 1 against the running row max) are FP8 with
-scale 1/448; on Hopper cuDNN also writes O as FP8 (|O| <= max|V|, so O's scale is V's), which we
-dequantize. ``fp8_attention_reference`` is the same arithmetic in plain fp32 torch ops (CPU or GPU).
-bench_attention.py measured the candidates: cuDNN's are the fastest on the H200 (BF16 617 TFLOP/s,
-FP8 800 at 44,160 x 44,672), but its FP8 kernel fails the quality gate there (FAILED_QUALITY_GATE).
+keys and values are smoothed, their mean over tokens subtracted (exact: softmax ignores the per-query
+constant ``q . m_k``, and every softmax row sums to 1, so ``m_v`` is added back to the output);
+then Q, K and V each get one power-of-two scale ``2^ceil(log2(amax/448))`` and go through the
+project's saturating ``quantize_fp8``. Powers of two make every descale exact in any dtype. Inside
+the kernel the probabilities P (<= 1 against the running row max) are FP8 with scale 1/448; on
+Hopper cuDNN also writes O as FP8 (|O| <= max|V|, so O's scale is V's), which we dequantize.
+``fp8_attention_reference`` is the same arithmetic in plain fp32 torch ops (CPU or GPU).
+
+bench_attention.py measured the candidates on the H200 at 44,160 x 44,672: cuDNN's are the fastest
+(BF16 615 TFLOP/s; FP8 784 with the recipe above). Smoothing V is what makes cuDNN's FP8 usable
+there: without it the error grows with the key count (3.8% relative L2 at 1,536 keys, 31% at
+44,672, where the emulation stays at 3%), with it 2.0%.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cosmos3.attention_choice import check_attention
 from cosmos3.errors import ConfigError
-from cosmos3.ops import FP8, FP8_MAX, quantize_fp8
+from cosmos3.ops import FP8, quantize_fp8
+from cosmos3.ops_cpu import FP8_MAX
 
 P_SCALE = FP8_MAX  # P in [0, 1] is stored as P * 448 in FP8
 
@@ -42,14 +47,22 @@ def power_of_two_scale(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
 
 
-def fp8_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth: bool = True):
-    """``(q8, k8, v8), (sq, sk, sv)``: FP8 tensors in the input layouts and their fp32 ``[1]`` dequant scales.
+def fp8_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool = True, smooth_v: bool = True):
+    """``(q8, k8, v8), (sq, sk, sv), v_mean``: FP8 tensors in the input layouts, their fp32 ``[1]`` dequant
+    scales, and V's mean ``[1, nkv, hd]`` that the output gets back (None when ``smooth_v`` is off).
 
-    ``smooth=False`` exists to measure what smoothing buys (bench_attention.py); the kernels always smooth.
+    The switches exist to measure what smoothing buys (bench_attention.py); the kernels smooth both.
     """
-    k = smooth_keys(k) if smooth else k
+    k = smooth_keys(k) if smooth_k else k
+    v_mean = v.mean(dim=0, keepdim=True, dtype=torch.float32).to(v.dtype) if smooth_v else None
+    v = v - v_mean if smooth_v else v
     scales = tuple(power_of_two_scale(t) for t in (q, k, v))
-    return tuple(quantize_fp8(t.contiguous(), s) for t, s in zip((q, k, v), scales)), scales
+    return tuple(quantize_fp8(t.contiguous(), s) for t, s in zip((q, k, v), scales)), scales, v_mean
+
+
+def add_value_mean(out: torch.Tensor, v_mean: torch.Tensor | None, group: int) -> torch.Tensor:
+    """``out [Sq, nh*hd]`` plus V's mean under each query head (head h reads KV head h // group)."""
+    return out if v_mean is None else out + v_mean.repeat_interleave(group, dim=1).reshape(1, -1)
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool) -> torch.Tensor:
@@ -59,20 +72,22 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
 
 def fp8_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool,
-                            fp8_output: bool, smooth: bool = True, rows: torch.Tensor | None = None) -> torch.Tensor:
+                            fp8_output: bool, smooth_k: bool = True, smooth_v: bool = True,
+                            rows: torch.Tensor | None = None) -> torch.Tensor:
     """The FP8 kernel's arithmetic in fp32 torch ops: quantized Q/K/V, P in FP8, O in FP8 if ``fp8_output``.
 
     P is taken against the exact row max (a flash kernel uses a running max, which only makes its
     early P values smaller). ``rows`` (query indices, non-causal only) limits the output to those
     queries, quantized with the whole tensor's scale. ``[Sq or len(rows), nh*hd]`` in ``q``'s dtype.
     """
-    (q8, k8, v8), (sq, sk, sv) = fp8_inputs(q, k, v, smooth=smooth)
+    (q8, k8, v8), (sq, sk, sv), v_mean = fp8_inputs(q, k, v, smooth_k=smooth_k, smooth_v=smooth_v)
     if rows is not None:
         q8 = q8[rows]
     out = _attention_f32(q8.float() * sq, k8.float() * sk, v8.float() * sv, causal=causal, p_fp8=True)
     if fp8_output:
         out = quantize_fp8(out.contiguous(), sv).float() * sv
-    return out.to(q.dtype).reshape(q8.shape[0], -1)
+    out = out.to(q.dtype).reshape(q8.shape[0], -1)
+    return add_value_mean(out, v_mean, q.shape[1] // k.shape[1])
 
 
 def _attention_f32(q, k, v, *, causal: bool, p_fp8: bool) -> torch.Tensor:
@@ -121,30 +136,39 @@ class Fp8ReferenceKernel:
     """``fp8_attention_reference`` as a kernel (CPU only: it holds the whole score matrix); Hopper's FP8 O."""
 
     name = "fp8-reference"
+    min_queries = 0
 
     def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
         return fp8_attention_reference(q, k, v, causal=causal, fp8_output=True)
 
 
 class CudnnFp8Kernel:
-    """cuDNN frontend ``sdpa_fp8`` on Hopper/Blackwell: one cuDNN graph per shape, built on first use."""
+    """cuDNN frontend ``sdpa_fp8`` on Hopper/Blackwell: one cuDNN graph per shape, built on first use.
+
+    ``smooth_values=False`` only to measure the kernel without V smoothing (bench_attention.py).
+    """
 
     name = "cudnn-fp8"
+    # Below this many queries FP8 costs more than it saves (quantizing Q/K/V, the FP8 O pass): on the H200
+    # it was 0.86x of the step at 1,024 GEN tokens, level at 8,192, 1.37x faster alone at 16,384.
+    min_queries = 16384
 
-    def __init__(self):
+    def __init__(self, *, smooth_values: bool = True):
         import cudnn  # nvidia-cudnn-frontend
 
         self._cudnn = cudnn
+        self.smooth_values = smooth_values
         self._handles: dict[int, object] = {}
         self._plans: dict[tuple, _CudnnFp8Plan] = {}
 
     def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
-        (q8, k8, v8), (sq, sk, sv) = fp8_inputs(q, k, v)
+        (q8, k8, v8), (sq, sk, sv), v_mean = fp8_inputs(q, k, v, smooth_v=self.smooth_values)
         key = (tuple(q.shape), tuple(k.shape), causal, q.device.index)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans[key] = _CudnnFp8Plan(self._cudnn, self._handle(q.device), q8, k8, causal)
-        return plan.run(q8, k8, v8, sq, sk, sv, out_dtype=q.dtype)
+        out = plan.run(q8, k8, v8, sq, sk, sv, out_dtype=q.dtype)  # [Sq, nh*hd]
+        return add_value_mean(out, v_mean, q.shape[1] // k.shape[1])
 
     def describe(self) -> dict:
         return {plan.key: plan.describe() for plan in self._plans.values()}
@@ -245,27 +269,14 @@ def bf16_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn
     return "sdpa-flash"
 
 
-# The quality gate: GPU generations on which cuDNN's FP8 SDPA missed the 5% per-layer error budget
-# (relative L2 against fp32 attention) at the GEN shapes, with what was measured.
-FAILED_QUALITY_GATE = {
-    9: "on Hopper (cuDNN 9.19, H200) its error grows with the key count: 3.8% relative L2 at 1,536 keys, "
-       "14% at 11,264 and 31% at 44,672, where our fp32 emulation of the same FP8 inputs stays at 3.0-3.4% "
-       "(benchmarks/results/attention-h200-2026-12-01.md)",
-}
-
-
-def fp8_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool, *,
-                    quality_gate: bool = True) -> str:
-    """``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend installed and the quality gate passed; the fp32
-    reference math on CPU. ``quality_gate=False`` is for benchmarks timing a kernel that failed it."""
+def fp8_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool) -> str:
+    """``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend installed (measured on the H200 only; cuDNN also
+    serves FP8 SDPA on Blackwell, with BF16 O); the fp32 reference math on CPU."""
     if device_type == "cpu":
         return "fp8-reference"
     if device_type != "cuda" or capability is None or capability < (9, 0):
         raise ConfigError(f"attention='fp8' needs an sm_90+ (Hopper or Blackwell) GPU, got {device_type} "
                           f"with compute capability {capability}; use attention='auto'")
-    if quality_gate and capability[0] in FAILED_QUALITY_GATE:
-        raise ConfigError(f"attention='fp8' is refused on sm_{capability[0]}{capability[1]}: cuDNN's FP8 attention "
-                          f"misses the 5% error budget {FAILED_QUALITY_GATE[capability[0]]}; use attention='auto'")
     if not cudnn_frontend:
         raise ConfigError("attention='fp8' runs cuDNN's FP8 SDPA, and the nvidia-cudnn-frontend package is not "
                           "installed: pip install 'cosmos3-farm[fp8-attention]', or use attention='auto'")
@@ -291,19 +302,20 @@ class AttentionKernels:
     """The kernels of one model, shared by its layers: BF16 always, FP8 for GEN when ``choice == "fp8"``.
 
     ``precise`` is set once per denoising step by the step-precision controller: the W8A16 edge
-    steps run BF16 attention too. UND attention is always BF16: it runs once per prompt (its K/V are
-    cached for every step, so its error would reach all of them) and is about 1% of one GEN step.
+    steps run BF16 attention too, and so does a GEN pass shorter than the FP8 kernel's
+    ``min_queries`` (where FP8 would be slower). UND attention is always BF16: it runs once per
+    prompt (its K/V are cached for every step, so its error would reach all of them) and is about
+    1% of one GEN step.
     """
 
-    def __init__(self, choice: str = "auto", *, quality_gate: bool = True):
+    def __init__(self, choice: str = "auto"):
         self.choice = check_attention(choice)
-        self.quality_gate = quality_gate  # False only in benchmarks that time an unqualified FP8 kernel
         self.precise = False
         self._kernels: dict[tuple, object] = {}
 
-    def use(self, choice: str, *, quality_gate: bool = True) -> None:
+    def use(self, choice: str) -> None:
         """Switch a loaded model's choice (benchmarks compare kernels on one set of weights)."""
-        self.choice, self.quality_gate = check_attention(choice), quality_gate
+        self.choice = check_attention(choice)
 
     def check_device(self, device: torch.device | str) -> None:
         """Fail at load time, not in the first step, when ``device`` cannot run the chosen kernels."""
@@ -311,7 +323,7 @@ class AttentionKernels:
 
     def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """GEN queries over ``[K_und ; K_gen]``, unmasked."""
-        return self._kernel(q.device, fp8=self.fp8_active)(q, k, v, causal=False)
+        return self._gen_kernel(q.device, q.shape[0])(q, k, v, causal=False)
 
     def und(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._kernel(q.device, fp8=False)(q, k, v, causal=True)
@@ -320,9 +332,16 @@ class AttentionKernels:
     def fp8_active(self) -> bool:
         return self.choice == "fp8" and not self.precise
 
-    def gen_kernel(self, device: torch.device | str) -> str:
-        """The name of the kernel a GEN step on ``device`` runs now (CUDA graphs are keyed by it)."""
-        return self._kernel(torch.device(device), fp8=self.fp8_active).name
+    def gen_kernel(self, device: torch.device | str, queries: int) -> str:
+        """The name of the kernel a GEN pass of ``queries`` tokens on ``device`` runs now."""
+        return self._gen_kernel(torch.device(device), queries).name
+
+    def _gen_kernel(self, device: torch.device, queries: int):
+        if self.fp8_active:
+            fp8 = self._kernel(device, fp8=True)
+            if queries >= fp8.min_queries:
+                return fp8
+        return self._kernel(device, fp8=False)
 
     def describe(self, device: torch.device | str) -> dict:
         device = torch.device(device)
@@ -338,7 +357,7 @@ class AttentionKernels:
         if key not in self._kernels:
             device_type, capability = _device_facts(device)
             if fp8:
-                name = fp8_kernel_name(device_type, capability, _has_cudnn_frontend(), quality_gate=self.quality_gate)
+                name = fp8_kernel_name(device_type, capability, _has_cudnn_frontend())
                 kernel = CudnnFp8Kernel() if name == "cudnn-fp8" else Fp8ReferenceKernel()
             else:
                 name = bf16_kernel_name(device_type, capability, torch.backends.cudnn.is_available())

@@ -3,7 +3,7 @@
 Error bounds (relative L2 against fp32 attention, on q/k after RMSNorm + RoPE):
   BF16 kernels        1%  (bf16 output rounding is ~0.2%)
   FP8 (any)           5%  (the issue's per-layer budget; FP8 O rounding alone is ~2.5%)
-  cuDNN FP8 on Hopper: within 5% only at image lengths; FAILED_QUALITY_GATE says why video is refused
+  (cuDNN FP8 on the H200 at 44,672 keys: 2.0% with K and V smoothed, 31% without V smoothing)
 """
 
 from __future__ import annotations
@@ -91,16 +91,11 @@ def test_auto_picks_the_fastest_bf16_kernel_of_the_device(device_type, capabilit
 
 @pytest.mark.parametrize("device_type, capability, frontend, expected", [
     ("cpu", None, False, "fp8-reference"),
+    ("cuda", (9, 0), True, "cudnn-fp8"),
     ("cuda", (10, 0), True, "cudnn-fp8"),
 ])
 def test_fp8_kernel_of_the_device(device_type, capability, frontend, expected):
     assert fp8_kernel_name(device_type, capability, frontend) == expected
-
-
-def test_fp8_refused_where_it_failed_the_quality_gate():
-    with pytest.raises(ConfigError, match=r"refused on sm_90: .*5% error budget .*31% at 44,672.*attention='auto'"):
-        fp8_kernel_name("cuda", (9, 0), True)
-    assert fp8_kernel_name("cuda", (9, 0), True, quality_gate=False) == "cudnn-fp8"  # benchmarks time it
 
 
 def test_fp8_refused_on_a_gpu_before_hopper():
@@ -115,11 +110,19 @@ def test_fp8_refused_without_the_cudnn_frontend():
 
 def test_precise_steps_run_bf16_attention():
     kernels = AttentionKernels("fp8")
-    assert kernels.gen_kernel("cpu") == "fp8-reference"
+    assert kernels.gen_kernel("cpu", 64) == "fp8-reference"
     kernels.precise = True  # what the step controller sets on a W8A16 edge step
-    assert kernels.gen_kernel("cpu") == "sdpa"
+    assert kernels.gen_kernel("cpu", 64) == "sdpa"
     bf16 = AttentionKernels("bf16")
-    assert bf16.gen_kernel("cpu") == "sdpa" and "fp8_kernel" not in bf16.describe("cpu")
+    assert bf16.gen_kernel("cpu", 64) == "sdpa" and "fp8_kernel" not in bf16.describe("cpu")
+
+
+def test_short_gen_passes_run_bf16_attention(monkeypatch):
+    from cosmos3.layers import attention_kernels
+
+    monkeypatch.setattr(attention_kernels.Fp8ReferenceKernel, "min_queries", 100)  # cuDNN's is 16,384
+    kernels = AttentionKernels("fp8")
+    assert kernels.gen_kernel("cpu", 99) == "sdpa" and kernels.gen_kernel("cpu", 100) == "fp8-reference"
 
 
 def test_und_attention_stays_bf16_under_fp8():
@@ -144,6 +147,15 @@ def test_smoothing_keys_leaves_attention_unchanged():
                                atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_smoothing_gives_each_head_its_own_mean_back(causal):
+    q, k, v = layer_qkv(96, 96)
+    v = v + 6.0 * torch.randn(1, v.shape[1], v.shape[2], generator=torch.Generator().manual_seed(7)).bfloat16()
+    ref = exact_attention(q, k, v, causal=causal)
+    smoothed = fp8_attention_reference(q, k, v, causal=causal, fp8_output=True, smooth_v=True)
+    assert rel_l2(smoothed, ref) < FP8_BOUND  # a mean added under the wrong heads would be ~100% off
+
+
 def test_scales_are_powers_of_two_that_fit_fp8():
     x = torch.randn(1000) * 37.0
     scale = power_of_two_scale(x)
@@ -158,14 +170,12 @@ def test_fp8_reference_is_within_the_error_budget(causal):
     ref = exact_attention(q, k, v, causal=causal)
     error = rel_l2(fp8_attention_reference(q, k, v, causal=causal, fp8_output=True), ref)
     assert 0.005 < error < FP8_BOUND  # it does quantize (a no-op would be ~0.2%), and within budget
-    # Hopper's FP8 output adds to it: with BF16 O (Blackwell) the error is smaller.
-    assert rel_l2(fp8_attention_reference(q, k, v, causal=causal, fp8_output=False), ref) < 0.9 * error
 
 
 def test_smoothing_cuts_the_error_when_keys_share_a_direction():
     q, k, v = layer_qkv(128, 512, key_offset=4.0)
     ref = exact_attention(q, k, v, causal=False)
-    errors = {smooth: rel_l2(fp8_attention_reference(q, k, v, causal=False, fp8_output=False, smooth=smooth), ref)
+    errors = {smooth: rel_l2(fp8_attention_reference(q, k, v, causal=False, fp8_output=False, smooth_k=smooth), ref)
               for smooth in (True, False)}
     assert errors[True] < errors[False] / 2, errors
 
@@ -206,16 +216,15 @@ def test_cudnn_fp8_matches_fp32_at_image_lengths(causal):
 
 
 @pytest.mark.gpu
-def test_quality_gate_matches_this_gpu():
-    """The gate refuses FP8 where cuDNN misses the budget at 44,672 keys: if a new cuDNN passes, this fails
-    and FAILED_QUALITY_GATE must be updated (and the other way round)."""
-    from cosmos3.layers.attention_kernels import FAILED_QUALITY_GATE, CudnnFp8Kernel
+def test_cudnn_fp8_is_within_budget_at_video_length():
+    """bench_attention.py's 44,160 x 44,672 inputs and error rows (2.0% measured; 31% without V smoothing)."""
+    from benchmarks.bench_attention import ERROR_ROWS, realistic_qkv
+    from cosmos3.layers.attention_kernels import CudnnFp8Kernel
 
-    q, k, v = layer_qkv(1024, 44672, heads=32, kv_heads=8, hd=128, device="cuda")
-    error = rel_l2(CudnnFp8Kernel()(q, k, v, causal=False), exact_attention(q, k, v, causal=False))
-    gated = torch.cuda.get_device_capability()[0] in FAILED_QUALITY_GATE
-    print(f"cudnn-fp8 at 44,672 keys: relative L2 {error:.4f}; gated on this GPU: {gated}")
-    assert (error > FP8_BOUND) == gated
+    q, k, v = realistic_qkv(44160)
+    rows = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(1))[:ERROR_ROWS].cuda()
+    out = CudnnFp8Kernel()(q, k, v, causal=False)[rows]
+    assert rel_l2(out, exact_attention(q[rows], k, v, causal=False)) < FP8_BOUND
 
 
 @pytest.mark.gpu
@@ -284,7 +293,7 @@ def test_w8a16_edge_steps_run_bf16_attention(ckpts):
     edge, middle = (0, 35), (17, 35)
     assert torch.equal(_velocity(fp8_attention, edge), _velocity(bf16_attention, edge))
     assert not torch.equal(_velocity(fp8_attention, middle), _velocity(bf16_attention, middle))
-    assert fp8_attention.attention.gen_kernel("cpu") == "fp8-reference"
+    assert fp8_attention.attention.gen_kernel("cpu", 8) == "fp8-reference"
 
 
 # A model small enough for a test, with cuDNN's FP8 shapes (head_dim a multiple of 16).
@@ -304,26 +313,15 @@ def _small_model(attention="auto"):
 
 
 @pytest.mark.gpu
-def test_load_applies_the_quality_gate_on_this_gpu():
-    from cosmos3.layers.attention_kernels import FAILED_QUALITY_GATE
-
-    major, minor = torch.cuda.get_device_capability()
-    if major not in FAILED_QUALITY_GATE:
-        pytest.skip(f"FP8 attention is not gated on sm_{major}{minor}")
-    with pytest.raises(ConfigError, match=rf"attention='fp8' is refused on sm_{major}{minor}"):
-        _small_model("fp8")
-
-
-@pytest.mark.gpu
 def test_graphed_steps_equal_eager_steps_with_each_attention_kernel():
     """A graph per kernel: FP8 steps and BF16 (edge) steps replay what eager computes, in any order."""
     from cosmos3.cuda_graphs import enable_cuda_graphs
 
     torch.manual_seed(0)
     model = _small_model()
-    model.attention.use("fp8", quality_gate=False)  # the gate is about video lengths; this is about graphs
+    model.attention.use("fp8")
     ids = torch.arange(64, device="cuda")
-    latents = torch.randn(16, 1, 16, 16, device="cuda").bfloat16()  # 64 GEN tokens, 128 keys
+    latents = torch.randn(16, 1, 256, 256, device="cuda").bfloat16()  # 16,384 GEN tokens: cuDNN FP8 runs
     cache = model.encode_text(ids)
     eager = {}
     for precise in (False, True):
