@@ -13,8 +13,16 @@ from cosmos3.errors import ConfigError
 ATTENTION_CHOICES = ("auto", "bf16", "fp8")
 
 
+def attention_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as an ``attention`` choice (the rule, in words), or None."""
+    if not isinstance(value, str) or value not in ATTENTION_CHOICES:
+        return f"must be one of {', '.join(ATTENTION_CHOICES)}, got {value!r}"
+    return None
+
+
 def check_attention(value: object, where: str = "attention") -> str:
     """``value`` if it is one of ``ATTENTION_CHOICES``, else a ConfigError naming ``where``."""
-    if not isinstance(value, str) or value not in ATTENTION_CHOICES:
-        raise ConfigError(f"{where}: must be one of {', '.join(ATTENTION_CHOICES)}, got {value!r}")
+    problem = attention_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
     return value

@@ -147,7 +147,8 @@ class Cosmos3Pipeline:
     ) -> Cosmos3Pipeline:
         """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32).
 
-        On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``.
+        On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``,
+        ``step_precision`` and ``attention`` are ``load_transformer``'s.
         """
         root = Path(checkpoint_dir)
         _check_layout(root)

@@ -21,6 +21,8 @@ def random_checkpoint(cfg: dict, device: str = "cuda") -> dict:
     for name, linear in linears.items():
         for (_, prefix), width in zip(_linear_sources(name, linear), linear.shard_sizes):
             shapes[f"{prefix}.weight"] = ((width, linear.in_features), torch.bfloat16)
+            if linear.has_bias:
+                shapes[f"{prefix}.bias"] = ((width,), torch.bfloat16)
     state = {}
     for name, (shape, dtype) in shapes.items():
         t = torch.randn(shape, device=device, dtype=dtype)

@@ -312,6 +312,16 @@ def _small_model(attention="auto"):
                              device="cuda", attention=attention)
 
 
+def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
+    from cosmos3.checkpoint import TensorDict
+    from cosmos3.config import Cosmos3Config
+    from cosmos3.loader import build_transformer
+    from tests.cosmos3.random_weights import random_checkpoint
+
+    model = build_transformer(Cosmos3Config.from_dict(SMALL), TensorDict(random_checkpoint(SMALL, "cpu")))
+    assert model.layers[0].self_attn.head_dim == 64  # loading is strict: a missing or extra tensor raises
+
+
 @pytest.mark.gpu
 def test_graphed_steps_equal_eager_steps_with_each_attention_kernel():
     """A graph per kernel: FP8 steps and BF16 (edge) steps replay what eager computes, in any order."""
