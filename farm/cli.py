@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from farm import driver, manifest as manifests, storage
+from farm import driver, lease, manifest as manifests, storage
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
 
@@ -130,7 +130,7 @@ def _run(m: manifests.Manifest, args: argparse.Namespace, only: frozenset[str] |
     options = driver.SubmitOptions(
         address=args.address, workers=args.workers, accelerator_type=args.accelerator_type,
         force=args.force, only=only, factory=args.pipeline, init_failure_budget=args.init_failures,
-        start_timeout=args.start_timeout, progress=not args.no_progress,
+        start_timeout=args.start_timeout, progress=not args.no_progress, wait=args.wait,
     )
     return _report_result(driver.submit(m, options))
 
@@ -141,15 +141,19 @@ def _report_result(report: driver.RunReport) -> Result:
              f"{c['skipped']} skipped (already done) in {report.seconds:.1f}s"]
     failures = {k: o for k, o in report.outcomes.items() if o.state != "done"}
     lines += [f"  {key} ({o.state}, {o.attempts} attempts): {o.error or 'not run'}" for key, o in failures.items()]
-    if report.interrupted:
+    if report.error:
+        lines.append(f"error: {report.error}")
+    elif report.interrupted:
         lines.append("interrupted: in-flight jobs were cancelled; farm submit again renders what is missing")
     lines.append(f"outputs: {report.manifest.output_root}")
     if report.dashboard_url:
         lines.append(f"dashboard: {report.dashboard_url}")
     lines.append(f"summary: {report.summary_path}")
     data = {"run": report.run_id, "counts": c, "summary": report.summary_path, "interrupted": report.interrupted,
+            "error": report.error,
             "failed": {k: {"state": o.state, "attempts": o.attempts, "error": o.error} for k, o in failures.items()}}
-    return Result(report.ok, "\n".join(lines), data, EXIT_INTERRUPTED if report.interrupted else None)
+    interrupted = report.interrupted and not report.error
+    return Result(report.ok, "\n".join(lines), data, EXIT_INTERRUPTED if interrupted else None)
 
 
 # -- status ------------------------------------------------------------------------------------------
@@ -161,11 +165,11 @@ def do_status(args: argparse.Namespace) -> Result:
     if not states:
         expected = f"{manifests.RECORDS_DIR}/<name>/state.json"
         raise StateError(f"no farm records under {args.output_root} (expected {expected})")
-    rows = [_status_row(name, state) for name, state in states.items()]
+    rows = [_status_row(args.output_root, name, state) for name, state in states.items()]
     return Result(True, _table(rows), {"manifests": rows})
 
 
-def _status_row(name: str, state: dict) -> dict[str, Any]:
+def _status_row(root: str, name: str, state: dict) -> dict[str, Any]:
     if "unreadable" in state:
         return {"manifest": name, "done": "-", "failed": "-", "pending": "-", "last_run": state["unreadable"]}
     counts = {"done": 0, "failed": 0, "pending": 0}
@@ -175,7 +179,10 @@ def _status_row(name: str, state: dict) -> dict[str, Any]:
             counts["done"] += 1
         else:
             counts["failed" if entry.get("state") == "failed" else "pending"] += 1
-    return {"manifest": name, **counts, "last_run": f"{state.get('run')} ({state.get('result')})"}
+    result = state.get("result")
+    if result == "running" and lease.holder(storage.records_dir(root, name) / lease.LEASE_FILE) is None:
+        result = "interrupted: its driver is gone"  # killed without a chance to say so (SIGKILL, a lost node)
+    return {"manifest": name, **counts, "last_run": f"{state.get('run')} ({result})"}
 
 
 # -- arguments ---------------------------------------------------------------------------------------
@@ -228,6 +235,9 @@ def _add_run_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--init-failures", type=int, help="worker starts that may fail in a run (default: workers)")
     sub.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a worker to load its model")
     sub.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sub.add_argument("--wait", action="store_true",
+                     help="when another driver is rendering this manifest into its root, wait for it to end "
+                          "(default: refuse, naming it)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,7 +122,8 @@ def parse(data: bytes | str, limits: Limits | None = None) -> Document:
         line, message = _line(err.problem_mark or err.context_mark), _syntax(err)
     except yaml.reader.ReaderError as err:  # a control character
         line = text.count("\n", 0, err.position) + 1
-        message = f"character {err.character!r} at line {line} is not allowed in YAML ({err.reason}); is this a text file?"
+        message = (f"character {err.character!r} at line {line} is not allowed in YAML ({err.reason}); "
+                   "is this a text file?")
     return Document(None, problems=[((), line, message)])
 
 

@@ -1,20 +1,25 @@
-"""One `farm submit`: skip what is done, get workers, run the scheduler, leave state and a summary on storage.
+"""One `farm submit`: take the manifest's lease, skip what is done, get workers, run the scheduler, leave
+state and a summary on storage.
 
-Records under `<output.root>/.farm/<manifest name>/`: `state.json` (every job's state, for `farm status`
-and `farm retry`), `events.jsonl` (every run's events) and `runs/<run id>.json` (one run's summary).
+Records under `<output.root>/.farm/<manifest name>/`: `lease.json` (the running driver, `farm.lease`),
+`state.json` (every job's state, for `farm status` and `farm retry`), `events.jsonl` (every run's events)
+and `runs/<run id>.json` (one run's summary).
 """
 
 from __future__ import annotations
 
+import _thread
 import secrets
 import signal
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from farm import cluster, storage
+from farm import cluster, lease, storage
+from farm.errors import FarmError
 from farm.events import RunLog
 from farm.manifest import Manifest
 from farm.metrics import RunMetrics
@@ -35,6 +40,7 @@ class SubmitOptions:
     init_failure_budget: int | None = None  # None: one failed start per worker
     start_timeout: float = 900.0
     progress: bool = True
+    wait: bool = False  # another driver renders this manifest: wait for it to end instead of refusing
 
 
 @dataclass
@@ -48,10 +54,11 @@ class RunReport:
     summary_path: str | None = None
     seconds: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # what ended the run early: its lease lost, its output root gone
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and all(o.state == "done" for o in self.outcomes.values())
+        return not self.error and not self.interrupted and all(o.state == "done" for o in self.outcomes.values())
 
 
 def new_run_id() -> str:
@@ -61,23 +68,53 @@ def new_run_id() -> str:
 def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
-    # Raises: ClusterError (no cluster, no GPUs of the asked type).
+    # Raises: StorageFault (the root cannot be written), LeaseHeld (another driver renders this manifest),
+    # FarmError (another manifest uses this name in this root), ClusterError (no cluster, no GPUs of the type).
     """
     started = time.monotonic()
     report = RunReport(new_run_id(), manifest, {}, [])
-    jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
-    report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
-    todo = [job for job in jobs if job.key not in set(report.skipped)]
-    report.outcomes = {job.key: Outcome("pending") for job in todo}
+    storage.prepare_root(manifest.output_root)
+    held = _take_lease(manifest, report, options.wait)
     try:
-        if todo:
-            _render(manifest, todo, options, report)
-    except KeyboardInterrupt:  # before the run loop (connecting, sizing the pool); the loop handles its own
-        report.interrupted = True
+        jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
+        report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
+        skipped = set(report.skipped)
+        todo = [job for job in jobs if job.key not in skipped]
+        report.outcomes = {job.key: Outcome("pending") for job in todo}
+        try:
+            if todo:
+                _render(manifest, todo, options, report)
+        except KeyboardInterrupt:  # before the run loop (connecting, sizing the pool); the loop handles its own
+            report.interrupted = True
+        finally:
+            report.seconds = time.monotonic() - started
+            _record(report)
     finally:
-        report.seconds = time.monotonic() - started
-        _record(report)
+        held.release()
     return report
+
+
+def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Lease:
+    """The manifest's lease, kept fresh while the run lasts; losing it (the root deleted, a takeover) stops the
+    run (KeyboardInterrupt in the main thread) with `report.error` saying why."""
+    path = storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
+    owner = lease.Owner.this_process(report.run_id, manifest.path)
+    log = structlog.get_logger("farm")
+    held = lease.acquire(path, owner, wait=wait, on_wait=lambda holder: log.info("waiting", holder=holder.describe()))
+    recorded = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("manifest", {})
+    if recorded.get("path") not in (None, manifest.path):
+        held.release()
+        raise FarmError(f"{manifest.output_root} already holds the renders of another manifest named "
+                        f"{manifest.name!r} ({recorded['path']}); two manifests with one name would overwrite each "
+                        f"other's renders: change name: (or, if the manifest moved, remove "
+                        f"{storage.records_dir(manifest.output_root, manifest.name)}/state.json)")
+
+    def lost(reason: str) -> None:
+        report.error = f"run stopped: {reason}"
+        _thread.interrupt_main()
+
+    held.keep(lost)
+    return held
 
 
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport) -> None:
@@ -95,7 +132,8 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
                  progress=options.progress)
     try:
         plan = cluster.plan_workers(options.workers, options.accelerator_type)
-        origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name}
+        origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
+                  "root": manifest.output_root}
         settings = Settings(options.init_failure_budget, options.start_timeout)
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
                  workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
@@ -121,6 +159,8 @@ def _counts(report: RunReport) -> dict[str, int]:
 
 
 def _result(report: RunReport) -> str:
+    if report.error:
+        return "failed"
     if report.interrupted:
         return "interrupted"
     return "complete" if report.ok else "incomplete"
@@ -129,6 +169,9 @@ def _result(report: RunReport) -> str:
 def _record(report: RunReport) -> None:
     manifest = report.manifest
     report.counts = _counts(report)
+    if not Path(manifest.output_root).is_dir():  # writing records would bring it back, empty
+        report.error = f"output root {manifest.output_root} vanished during the run; no records were written"
+        return
     path = storage.summary_path(manifest.output_root, manifest.name, report.run_id)
     storage.write_json(path, {
         "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),

@@ -48,3 +48,12 @@ class StateError(FarmError):
 
 class WorkerConfigError(FarmError):
     """A worker refuses its model configuration (defence in depth behind manifest validation)."""
+
+
+class StorageFault(FarmError):
+    """Storage could not take a write: no space (ENOSPC), read-only, gone. The attempt fails; the worker that
+    tried is not to blame, so it is not retired for it."""
+
+
+class OutputPathError(FarmError):
+    """A job's output path leads out of output.root (a symlink) or into the farm's records: the job's fault."""

@@ -20,7 +20,7 @@ from typing import Any
 from farm import checkpoint, fields
 from farm import document
 from farm.document import Document, Path_, format_path
-from farm.errors import ManifestError, Problem
+from farm.errors import ManifestError, Problem, StorageFault
 
 VERSION = 1
 TASKS = ("t2v", "t2i", "i2v", "v2v")
@@ -241,9 +241,13 @@ class _Resolver:
             template = None
         if root is None:
             return None, template
+        from farm import storage  # storage imports this module (for Job)
+
         resolved = (self.base / root).resolve()
-        if resolved.exists() and not resolved.is_dir():
-            self.error(("output", "root"), f"{root} exists and is not a directory")
+        try:
+            storage.check_root(resolved)
+        except StorageFault as err:
+            self.error(("output", "root"), str(err))
             return None, template
         return resolved, template
 

@@ -8,7 +8,8 @@ not already finished.
 Failure policies (reference/farm-anchors.md §6):
 - an attempt that fails is requeued, on a *different* worker while one that has not failed it is alive;
 - Ray has no task timeout, so an attempt past its job's timeout gets its worker killed and replaced;
-- a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU);
+- a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU); storage faults
+  (ENOSPC, a read-only or vanished root: `StorageFault`) fail the attempt but do not count towards retiring;
 - a worker that fails to start is started again, until RETIRE_AFTER starts in a row failed, or the run's
   init-failure budget is spent, so one bad GPU neither stops the run nor loops forever;
 - Ctrl-C kills the workers and puts in-flight jobs back as pending: nothing half-written is kept.
@@ -25,8 +26,10 @@ from typing import Any, Callable
 
 import ray
 from ray.exceptions import RayError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from farm import storage
+from farm import lease, storage
+from farm.errors import StorageFault
 from farm.events import RunLog
 from farm.manifest import Job
 from farm.metrics import RunMetrics
@@ -194,7 +197,9 @@ class Scheduler:
         try:
             result = ray.get(ref)
         except RayTaskError as err:  # the job raised; its worker is fine
-            self._attempt_failed(attempt, describe(err), worker_lost=False)
+            # Full or lost storage is no sign of a bad worker: it must not retire for it.
+            blamed = not isinstance(err.cause, StorageFault)
+            self._attempt_failed(attempt, describe(err), worker_lost=False, blamed=blamed)
             return
         except RayError as err:  # the worker died: a crash, the OOM killer, a lost node
             self._attempt_failed(attempt, f"worker lost: {describe(err)}", worker_lost=True)
@@ -233,12 +238,13 @@ class Scheduler:
         self.log.emit("job_done", key=job.key, attempt=attempt.number, slot=slot.index, seconds=round(seconds, 3),
                       worker_started=result["started"], worker_finished=result["finished"])
 
-    def _attempt_failed(self, attempt: Attempt, error: str, *, worker_lost: bool) -> None:
+    def _attempt_failed(self, attempt: Attempt, error: str, *, worker_lost: bool, blamed: bool = True) -> None:
         job, slot = attempt.job, attempt.slot
         # The attempt is over (its worker raised, died or was killed): whatever it half-wrote can go.
         storage.discard_temps(job)
         self.avoid.setdefault(job.key, set()).add(slot.index)
-        slot.failed_jobs.add(job.key)
+        if blamed:
+            slot.failed_jobs.add(job.key)
         if attempt.number > job.retries:
             self.outcomes[job.key] = Outcome("failed", attempt.number, error)
             self.metrics.job_failed()
@@ -293,8 +299,8 @@ class Scheduler:
         for slot in slots:
             ray.kill(slot.actor, no_restart=True)
         if running:
-            # A killed worker's result fails once its process is gone; only then can no temp file appear.
             ray.wait(list(running), num_returns=len(running), timeout=KILL_WAIT)
+            _wait_exited(slots)
 
     def _start_failed(self, slot: Slot, error: str) -> None:
         self.failed_starts += 1
@@ -319,3 +325,33 @@ class Scheduler:
             storage.discard_temps(attempt.job)
         self.inflight.clear()
         self.starting.clear()
+
+
+def _wait_exited(slots: list[Slot]) -> None:
+    """Returns once the killed workers' processes are gone (or after KILL_WAIT): Ray fails a killed actor's result
+    as soon as it marks the actor dead, which can be before the process has stopped writing its temp files.
+    A process on this node is watched here; one elsewhere by a task on its node."""
+    here = ray.get_runtime_context().get_node_id()
+    deadline = time.monotonic() + KILL_WAIT
+    elsewhere = []
+    for slot in slots:
+        pid, node = slot.identity.get("pid"), slot.identity.get("node")
+        if pid is None:
+            continue  # never became ready: it ran no job
+        if node == here:
+            _until_gone(pid, deadline)
+        else:
+            strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+            elsewhere.append(_exited.options(scheduling_strategy=strategy).remote(pid, KILL_WAIT))
+    if elsewhere:
+        ray.wait(elsewhere, num_returns=len(elsewhere), timeout=KILL_WAIT)
+
+
+def _until_gone(pid: int, deadline: float) -> None:
+    while lease.pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@ray.remote(num_cpus=0)
+def _exited(pid: int, timeout: float) -> None:
+    _until_gone(pid, time.monotonic() + timeout)

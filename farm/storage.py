@@ -9,13 +9,16 @@ any point leaves either nothing, a temp file (swept by the driver), or media wit
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
+from farm.errors import OutputPathError, StorageFault
 from farm.manifest import RECORDS_DIR, Job
 
 SIDECAR_FORMAT = 1
@@ -32,28 +35,95 @@ def _temp_path(final: Path, attempt: int) -> Path:
     return final.parent / f".{final.name}.a{attempt}.{os.getpid()}.tmp"
 
 
-def publish(final: Path, attempt: int, write: Callable[[Path], None]) -> tuple[str, int]:
+def publish(final: Path, attempt: int, write: Callable[[Path], None],
+            root: str | Path | None = None) -> tuple[str, int]:
     """Has `write(temp)` fill a temp file beside `final`, makes it durable and renames it into place.
 
+    With `root` (the output root), `final` is checked again to be inside it (`check_target`), and the root must
+    still exist: publishing never creates it, so a root deleted mid-run fails loudly instead of coming back.
     Returns the sha256 and size of what was published. Nothing is left behind if `write` fails.
+
+    # Raises: StorageFault (an OSError of the storage: ENOSPC, EROFS, EACCES, the root gone), OutputPathError.
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        check_target(root, final)
     temp = _temp_path(final, attempt)
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
         write(temp)
         digest, size = _fsync_and_hash(temp)
         os.replace(temp, final)
-    except BaseException:
-        temp.unlink(missing_ok=True)
+        _fsync_dir(final.parent)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            temp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno:
+            raise StorageFault(f"{_errno(err)} writing {final}") from err
         raise
-    _fsync_dir(final.parent)
     return digest, size
 
 
-def write_json(final: Path, data: Any, attempt: int = 0) -> None:
+def _errno(err: OSError) -> str:
+    """`ENOSPC (No space left on device)`: the code names the fault, the text explains it."""
+    return f"{errno.errorcode.get(err.errno, err.errno)} ({os.strerror(err.errno)})"
+
+
+def write_json(final: Path, data: Any, attempt: int = 0, root: str | Path | None = None) -> None:
     """Publishes a JSON file atomically (sidecars, farm state, run summaries)."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    publish(final, attempt, lambda temp: temp.write_text(text))
+    publish(final, attempt, lambda temp: temp.write_text(text), root)
+
+
+def check_target(root: str | Path, media: str | Path) -> Path:
+    """Where `media` will really be written, its folder's symlinks resolved: refused unless inside `root` and
+    outside the farm's records (`root/.farm`). Run for every job at plan time and again at publish.
+
+    # Raises: StorageFault when the root is gone; OutputPathError when the path leads out of it.
+    """
+    root, media = Path(root), Path(media)
+    if not root.is_dir():
+        raise StorageFault(f"output root {root} is gone (deleted or unmounted during the run?)")
+    real_root = root.resolve()
+    real = media.parent.resolve() / media.name
+    if not real.is_relative_to(real_root):
+        through = next((p for p in reversed(media.parents) if p.is_relative_to(root) and p.is_symlink()), None)
+        how = f" through the symlink {through} -> {os.readlink(through)}" if through else ""
+        raise OutputPathError(f"{media} leads to {real}{how}, outside output.root {real_root}")
+    if real.is_relative_to(real_root / RECORDS_DIR):
+        raise OutputPathError(f"{media} is inside {real_root / RECORDS_DIR}, the farm's own records")
+    return real
+
+
+def prepare_root(root: str | Path) -> None:
+    """Makes the output root and its records folder at submit start (publishing never creates the root).
+
+    # Raises: StorageFault naming what is wrong.
+    """
+    check_root(root)
+    try:
+        (Path(root) / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise StorageFault(f"output root {root}: {_errno(err)} making {Path(root) / RECORDS_DIR}") from err
+
+
+def check_root(root: str | Path) -> None:
+    """The output root exists (or can be made in an existing folder) and this process can write there.
+
+    # Raises: StorageFault naming what is wrong.
+    """
+    root = Path(root)
+    folder = next((p for p in (root, *root.parents) if p.exists()), None)
+    if folder is None or not folder.is_dir():
+        raise StorageFault(f"output root {root}: {folder} is not a directory")
+    if folder != root and folder != root.parent:
+        raise StorageFault(f"output root {root} is missing, and so is its folder {root.parent} "
+                           "(is the share mounted? create the root first)")
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise StorageFault(f"output root {root}: {folder} is on a read-only file system; "
+                           "mount it read-write or pick another output.root")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise StorageFault(f"output root {root}: {folder} is not writable by this user (uid {os.getuid()}); "
+                           "fix its permissions or pick another output.root")
 
 
 def _fsync_and_hash(path: Path) -> tuple[str, int]:

@@ -119,7 +119,8 @@ class RenderWorker:
     """Created by the driver with `ray.remote(RenderWorker).options(num_gpus=1, ...)`; one job at a time."""
 
     def __init__(self, model: ModelSpec, factory: PipelineFactory, origin: dict[str, Any], slot: int):
-        """`origin`: the run id (`run`) and the manifest's path and sha256, recorded in every sidecar."""
+        """`origin`: the run id (`run`), the output root (`root`) and the manifest's path and sha256, recorded in
+        every sidecar."""
         refuse_sharded_static_fp8(model)
         encode.sweep_orphaned_scratch()  # partial videos of workers killed on this node before
         started = time.perf_counter()
@@ -152,7 +153,7 @@ class RenderWorker:
             encode.write_media(output.frames, output.fps, temp, image=job.task == "t2i")
             encoded.append(time.time() - rendered)
 
-        media = storage.publish(Path(job.media), attempt, write)
+        media = storage.publish(Path(job.media), attempt, write, root=self._origin["root"])
         finished = time.time()
         # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
         timings = {**output.timings, "media_encode": encoded[0], "publish": finished - rendered}
@@ -169,6 +170,6 @@ class RenderWorker:
             step_policy=output.info.get("step_policy"), attention=output.info.get("attention"),
             started=started, finished=finished, **figures,
         )
-        storage.write_json(storage.sidecar_path(job.media), record, attempt)
+        storage.write_json(storage.sidecar_path(job.media), record, attempt, root=self._origin["root"])
         return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
                 "started": started, "finished": time.time()}

@@ -14,11 +14,15 @@ import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 import imageio.v3 as iio
 import imageio_ffmpeg
 import numpy as np
+
+from farm import lease
+from farm.errors import StorageFault
 
 # Visually lossless H.264; yuv420p is what browsers and players decode; faststart puts the index first
 # so a partially downloaded file starts playing. Preset veryfast: x264's medium took 5.8 s for a Nano clip
@@ -58,6 +62,10 @@ class Soundtrack:
                 "duration": self.duration}
 
 
+class EncodeError(RuntimeError):
+    """ffmpeg failed, or the file does not read back as rendered: this attempt failed, not the job."""
+
+
 def _check(frames: np.ndarray) -> None:
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {list(frames.shape)}")
@@ -69,6 +77,12 @@ def write_png(frames: np.ndarray, path: Path) -> None:
     if frames.shape[0] != 1:
         raise ValueError(f"an image render has one frame, got {frames.shape[0]}")
     iio.imwrite(path, frames[0], extension=".png")
+    try:
+        back = iio.imread(path, extension=".png")
+    except (OSError, ValueError) as err:
+        raise EncodeError(f"{path.name} does not read back as a PNG: {err}") from None
+    if not np.array_equal(back, frames[0]):
+        raise EncodeError(f"{path.name} reads back as {list(back.shape)}, not the rendered {list(frames[0].shape)}")
 
 
 def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | None = None) -> None:
@@ -83,13 +97,17 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | No
     # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
     # and only this process copies the result to `path`.
     with _scratch() as scratch:
+        # H.264 at crf 18 stays below the yuv420p frames' size (half of rgb24); the WAV is float32.
+        _check_space(Path(scratch), frames.nbytes // 2 + (sound.waveform.nbytes if sound else 0), "encoding")
         local = Path(scratch) / "video.mp4"
         audio = None
         if sound is not None:  # float WAV, so the AAC encoder sees the decoded samples, not a 16-bit copy
             audio = Path(scratch) / "sound.wav"
             _encode_wav(sound, audio, codec="pcm_f32le")
         _encode_h264(frames, fps, local, audio)
+        _check_space(path.parent, local.stat().st_size, f"publishing {path.name}")
         shutil.copyfile(local, path)
+    _read_back_mp4(path, frames)
 
 
 def write_wav(sound: Soundtrack, path: Path) -> None:
@@ -104,16 +122,53 @@ def _scratch() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=f"{_scratch_prefix()}{os.getpid()}-")
 
 
+def _check_space(folder: Path, needed: int, doing: str) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise StorageFault(f"ENOSPC: {doing} needs about {_mib(needed)} in {folder}, which has {_mib(free)} free")
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def _ffmpeg(arguments: list[str], stdin: np.ndarray, path: Path) -> None:
+    """Runs the bundled ffmpeg with `stdin` as its input and checks its exit status (imageio-ffmpeg's writer
+    does not: on a full disk ffmpeg logs "Error writing trailer" and leaves a truncated file)."""
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", *arguments, str(path)]
+    raw = np.ascontiguousarray(stdin).reshape(-1).view(np.uint8)  # flat bytes: the pipe is written in slices
+    done = subprocess.run(command, input=memoryview(raw), capture_output=True)
+    if done.returncode == 0:
+        return
+    lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+    said = lines[-1] if lines else "no message"
+    if "No space left on device" in done.stderr.decode(errors="replace"):
+        raise StorageFault(f"ENOSPC: ffmpeg ran out of space writing {path} ({said})")
+    raise EncodeError(f"ffmpeg exited with status {done.returncode} writing {path.name}: {said}")
+
+
+def _read_back_mp4(path: Path, frames: np.ndarray) -> None:
+    """The published file must decode to as many frames of the rendered size as were rendered."""
+    count, height, width, _ = frames.shape  # [T, H, W, 3]
+    try:
+        reader = imageio_ffmpeg.read_frames(str(path))
+        size = next(reader)["size"]
+        reader.close()
+        decoded, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+    except (OSError, RuntimeError, StopIteration) as err:
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        raise EncodeError(f"{path.name} does not read back as a video: {lines[0] if lines else err!r}") from None
+    if (decoded, size) != (count, (width, height)):
+        raise EncodeError(f"{path.name} reads back as {decoded} frames of {size[0]}x{size[1]}; "
+                          f"{count} frames of {width}x{height} were rendered")
+
+
 def _encode_wav(sound: Soundtrack, path: Path, *, codec: str) -> None:
     channels = sound.waveform.shape[0]
     samples = np.ascontiguousarray(sound.waveform.T, dtype="<f4")  # [N, channels]: ffmpeg reads interleaved
     rate = str(sound.sampling_rate)
-    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error",
-               "-f", "f32le", "-ar", rate, "-ac", str(channels), "-i", "-",
-               "-c:a", codec, "-ar", rate, "-f", "wav", str(path)]
-    done = subprocess.run(command, input=samples.tobytes(), capture_output=True)
-    if done.returncode:
-        raise RuntimeError(f"ffmpeg could not write {path.name}: {done.stderr.decode(errors='replace').strip()}")
+    _ffmpeg(["-f", "f32le", "-ar", rate, "-ac", str(channels), "-i", "-", "-c:a", codec, "-ar", rate, "-f", "wav"],
+            samples, path)
 
 
 def _scratch_prefix() -> str:
@@ -130,37 +185,24 @@ def sweep_orphaned_scratch() -> list[Path]:
     removed = []
     for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         pid = folder.name[len(prefix):].partition("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not lease.pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: only checks that the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
-
-
 def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None = None) -> None:
-    _, height, width, _ = frames.shape
-    # Sizes are multiples of 16 (manifest rule), so ffmpeg never rescales to its macro-block size.
-    # The WAV's rate is the AAC track's: ffmpeg keeps an input's rate when no -ar asks otherwise.
-    writer = imageio_ffmpeg.write_frames(
-        str(path), (width, height), fps=fps, codec="libx264", pix_fmt_out="yuv420p",
-        quality=None, macro_block_size=16, output_params=_MP4_PARAMS + (_AAC_PARAMS if audio else []),
-        audio_path=None if audio is None else str(audio), audio_codec="aac" if audio else None,
-    )
-    writer.send(None)  # start ffmpeg
-    try:
-        for frame in frames:
-            writer.send(np.ascontiguousarray(frame))
-    finally:
-        writer.close()
+    _, height, width, _ = frames.shape  # [T, H, W, 3]
+    # Sizes are multiples of 16 (manifest rule), so ffmpeg needs no rescale to its macro-block size. The fps
+    # goes as a fraction, so 24000/1001 is not rounded. The WAV's rate is the AAC track's: ffmpeg keeps an
+    # input's rate when no -ar asks otherwise.
+    rate = str(Fraction(fps).limit_denominator())
+    arguments = ["-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-r", rate, "-i", "-"]
+    if audio is None:
+        arguments += ["-an"]
+    else:
+        arguments += ["-i", str(audio), "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", *_AAC_PARAMS]
+    _ffmpeg([*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", *_MP4_PARAMS], frames, path)
 
 
 def write_media(frames: np.ndarray, fps: float, path: Path, *, image: bool, sound: Soundtrack | None = None) -> None:

@@ -56,3 +56,28 @@ def bad_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRen
 
 def no_gpu_works(model, gpu: bool) -> FakeRenderer:
     raise RuntimeError("CUDA error: no CUDA-capable device is detected")
+
+
+def full_scratch(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
+    """Renders fine, but this worker's disks report no free space (ENOSPC before encoding)."""
+    import shutil
+
+    full = shutil.disk_usage("/")._replace(free=0)
+    shutil.disk_usage = lambda folder: full  # in this worker's process only
+    return FakeRenderer(seconds_per_step)
+
+
+def truncating_once(model, gpu: bool, *, markers: str, seconds_per_step: float = 0.01) -> FakeRenderer:
+    """Each job's first encode ends truncated, as when ffmpeg fails writing the trailer and says nothing."""
+    from worker import encode
+
+    real = encode._encode_h264
+
+    def encode_h264(frames, fps, path, audio=None):
+        real(frames, fps, path, audio)
+        # fake.paint gives each seed its own colour: one marker per job of a sweep
+        if _first_time(markers, f"truncate-{frames[0, 0, 0].tolist()}"):
+            os.truncate(path, path.stat().st_size // 2)
+
+    encode._encode_h264 = encode_h264
+    return FakeRenderer(seconds_per_step)

@@ -37,6 +37,12 @@ def _sidecars(root: Path) -> list[Path]:
     return sorted(root.rglob("*.mp4.json"))
 
 
+def _count(root: Path, event: str) -> int:
+    """How many `event`s the run has logged so far (0 before its log exists)."""
+    log = root / ".farm" / "test" / "events.jsonl"
+    return sum(json.loads(line)["event"] == event for line in log.read_text().splitlines()) if log.exists() else 0
+
+
 def _wait_for(condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -56,7 +62,7 @@ def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
     root = tmp_path / "out"
     run = _farm("submit", str(path), "--address", address)
-    _wait_for(lambda: len(_sidecars(root)) >= 2)
+    _wait_for(lambda: _count(root, "job_done") >= 2)
     run.send_signal(signum)
     _, err = run.communicate(timeout=120)
 

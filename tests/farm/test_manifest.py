@@ -119,8 +119,9 @@ def test_example_manifest_is_valid_but_for_the_cluster_files_it_names():
     with pytest.raises(ManifestError) as caught:
         manifest.load(EXAMPLE)
     problems = caught.value.problems
-    assert [p.where for p in problems] == ["model -> checkpoint", "jobs[3] (id=harbour-extend) -> image"]
-    assert all("is not a directory" in p.message or "not found" in p.message for p in problems)
+    where = ["model -> checkpoint", "output -> root", "jobs[3] (id=harbour-extend) -> image"]
+    assert [p.where for p in problems] == where
+    assert all(word in p.message for p, word in zip(problems, ["is not a directory", "share mounted?", "not found"]))
 
 
 def distilled(folder: Path) -> None:

@@ -31,7 +31,9 @@ def _manifest(tmp_path: Path, **model) -> manifest.Manifest:
 
 
 def _worker(m: manifest.Manifest):
-    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, fake.factory, ORIGIN, 0)
+    origin = {**ORIGIN, "root": m.output_root}
+    Path(m.output_root).mkdir(exist_ok=True)  # the driver makes it at submit start; publishing never does
+    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, fake.factory, origin, 0)
 
 
 def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tmp_path):
@@ -46,7 +48,7 @@ def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tm
         assert set(result) == {"key", "attempt", "sha256", "figures", "started", "finished"}
         assert result["sha256"] == storage.sha256_file(Path(job.media))
         record = json.loads(storage.sidecar_path(job.media).read_text())
-        assert record["manifest"] == ORIGIN and record["worker"] == identity
+        assert record["manifest"] == {**ORIGIN, "root": m.output_root} and record["worker"] == identity
         assert {"checkpoint", "precision", "step_policy"} <= set(record)
         assert len(record["timings"]["steps"]) == job.steps and record["timings"]["publish"] > 0
         assert storage.check_published(job.media, job.config_hash, ("run-1", 1)) is None

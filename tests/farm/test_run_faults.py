@@ -1,0 +1,200 @@
+"""Issue 14 through the driver: one writer per root and manifest name, a SIGKILLed driver's run, storage faults
+(a full disk, a deleted or read-only root) and encodes that do not read back."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import ray
+
+from farm import cli, driver, lease, manifest, storage
+from tests.farm import fakes
+from tests.farm.helpers import events, local_cluster, output_files, publish, state, temp_files, write_manifest
+from worker import fake
+
+REPO = Path(__file__).parents[2]
+SLOW_JOBS = [{"id": f"clip{i}", "prompt": f"shot {i}", "seed": i} for i in range(4)]  # ~1 s each at 100 steps
+
+
+@pytest.fixture(scope="module")
+def address():
+    with local_cluster(num_gpus=2, num_cpus=4):
+        yield ray.get_runtime_context().gcs_address
+
+
+def _farm(*args: str, pipeline: str = "worker.fake:factory") -> subprocess.Popen:
+    command = [sys.executable, "-m", "farm", *args, "--pipeline", pipeline, "--no-progress"]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _lease(root: Path) -> Path:
+    return root / ".farm" / "test" / lease.LEASE_FILE
+
+
+def _logged(root: Path, event: str) -> list[dict]:
+    log = root / ".farm" / "test" / "events.jsonl"
+    return [e for e in events(root) if e["event"] == event] if log.exists() else []
+
+
+def _submit_cli(path: Path, pipeline, *extra: str) -> int:
+    args = cli.build_parser().parse_args(["submit", str(path), "--no-progress", *extra])
+    args.pipeline = pipeline
+    return args.func(args)
+
+
+# -- one writer ----------------------------------------------------------------------------------------
+
+
+def test_two_drivers_on_one_root_render_every_job_exactly_once(address, tmp_path):
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
+    root = tmp_path / "out"
+    first = _farm("submit", str(path), "--address", address, "--wait")
+    _wait_for(lambda: _logged(root, "job_started"))
+    second = _farm("submit", str(path), "--address", address, "--wait")
+    outputs = [run.communicate(timeout=300) for run in (first, second)]
+
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    assert Counter(e["key"] for e in _logged(root, "job_started")) == {job["id"]: 1 for job in SLOW_JOBS}
+    assert f"0 done, 0 failed, 0 pending, {len(SLOW_JOBS)} skipped" in outputs[1][0]
+    assert len(output_files(root)) == 2 * len(SLOW_JOBS) and not temp_files(root) and not _lease(root).exists()
+
+
+def test_a_second_submit_without_wait_is_refused_naming_the_running_driver(address, tmp_path):
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
+    root = tmp_path / "out"
+    first = _farm("submit", str(path), "--address", address)
+    _wait_for(lambda: _logged(root, "job_started"))
+    holder = lease.read(_lease(root))
+    second = _farm("submit", str(path), "--address", address)
+    _, err = second.communicate(timeout=120)
+
+    assert second.returncode == 1
+    assert f"is being rendered by run {holder.run} (pid {first.pid} on {holder.host}" in err
+    assert "wait for it (farm submit --wait)" in err and "Traceback" not in err
+    first.communicate(timeout=300)
+    assert first.returncode == 0
+
+
+def test_another_manifest_with_the_same_name_in_the_same_root_is_refused(tmp_path, capsys):
+    shared = {"root": str(tmp_path / "renders")}
+    one = write_manifest(tmp_path / "one", [{"id": "a", "prompt": "x"}], output=shared)
+    publish(manifest.load(one).jobs[0], run="earlier")
+    assert cli.main(["submit", str(one)]) == 0  # all done: records only
+    two = write_manifest(tmp_path / "two", [{"id": "b", "prompt": "y"}], output=shared)
+    capsys.readouterr()
+
+    assert cli.main(["submit", str(two)]) == 1
+    err = capsys.readouterr().err
+    assert f"already holds the renders of another manifest named 'test' ({one})" in err and "change name:" in err
+
+
+def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(address, tmp_path, capsys):
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
+    root = tmp_path / "out"
+    run = _farm("submit", str(path), "--address", address)
+    _wait_for(lambda: _logged(root, "job_started"))
+    workers = [e["pid"] for e in _logged(root, "worker_ready")]
+    run.send_signal(signal.SIGKILL)
+    run.communicate(timeout=60)
+
+    assert state(root)["result"] == "running"  # what the killed driver last wrote
+    assert cli.main(["status", str(root), "--output", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)["manifests"][0]
+    assert row["last_run"].endswith("(interrupted: its driver is gone)")
+    # Ray ends the actors of a driver that died; none of its workers keeps rendering.
+    _wait_for(lambda: not any(lease.pid_alive(pid) for pid in workers), timeout=60)
+
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
+    assert report.ok and not temp_files(root)  # the dead driver's lease taken over at once: same host, pid gone
+
+
+# -- storage faults ------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_fails_its_jobs_naming_enospc_and_retires_no_worker(address, tmp_path, capsys):
+    jobs = [{"id": f"clip{i}", "prompt": "x", "seed": i, "retries": 1} for i in range(4)]
+    path = write_manifest(tmp_path, jobs)
+    assert _submit_cli(path, fakes.full_scratch) == 1
+    out = capsys.readouterr()
+    root = tmp_path / "out"
+
+    failed = _logged(root, "job_failed")
+    assert len(failed) == 4 and all("StorageFault: ENOSPC: encoding needs about" in e["error"] for e in failed)
+    assert not _logged(root, "worker_retired") and "StorageFault: ENOSPC" in out.err + out.out
+    assert output_files(root) == []
+
+
+def test_an_encode_that_does_not_read_back_is_retried_never_done(address, tmp_path):
+    (tmp_path / "markers").mkdir()
+    jobs = [{"id": f"clip{i}", "prompt": "x", "seed": i} for i in range(2)]
+    path = write_manifest(tmp_path, jobs)
+    factory = functools.partial(fakes.truncating_once, markers=str(tmp_path / "markers"))
+    assert _submit_cli(path, factory) == 0
+    root = tmp_path / "out"
+
+    retried = _logged(root, "job_retry")
+    assert len(retried) == 2 and all("EncodeError" in e["error"] and "does not read back" in e["error"]
+                                     for e in retried)
+    assert {e["key"]: e["attempt"] for e in _logged(root, "job_done")} == {"clip0": 2, "clip1": 2}
+    for job in manifest.load(path).jobs:
+        assert storage.is_done(job)
+
+
+def test_a_root_deleted_mid_run_fails_the_run_loudly_and_stays_deleted(address, tmp_path, monkeypatch):
+    monkeypatch.setattr(lease, "REFRESH", 0.05)
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
+    root = tmp_path / "out"
+    m = manifest.load(path)
+    options = driver.SubmitOptions(factory=fake.factory, progress=False)
+    deleted = []
+
+    def delete_when_started() -> None:
+        _wait_for(lambda: _logged(root, "job_started"))
+        shutil.rmtree(root)
+        deleted.append(True)
+
+    thread = threading.Thread(target=delete_when_started)
+    thread.start()
+    report = driver.submit(m, options)
+    thread.join()
+
+    assert deleted and not report.ok and not root.exists()
+    assert "vanished" in report.error
+    assert "error: " in cli._report_result(report).text
+
+
+def _unshare_available() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-rm", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_available(), reason="needs unshare -rm to mount a folder read-only")
+def test_a_read_only_root_is_refused_at_validate_and_at_submit_without_a_traceback(tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    root = tmp_path / "out"
+    root.mkdir()
+    farm = f"{sys.executable} -m farm"
+    script = (f"mount --bind -o ro {root} {root} && "
+              f"{{ {farm} validate {path}; echo validate=$?; {farm} submit {path} --pipeline worker.fake:factory; "
+              f"echo submit=$?; }}")
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, capture_output=True, text=True)
+    assert "validate=1" in done.stdout and "submit=1" in done.stdout, done.stdout + done.stderr
+    assert done.stderr.count(f"{root} is on a read-only file system; mount it read-write") == 2, done.stderr
+    assert "Traceback" not in done.stderr
