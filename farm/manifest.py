@@ -12,21 +12,18 @@ import difflib
 import hashlib
 import json
 import os
-import string
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from farm import checkpoint, fields
+from farm import checkpoint, fields, template as templates
 from farm import document
 from farm.document import Document, Path_, format_path
-from farm.errors import ManifestError, Problem, StorageFault
+from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
 
 VERSION = 1
 TASKS = ("t2v", "t2i", "i2v", "v2v")
 PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size")
-DEFAULT_TEMPLATE = "{name}/{id}_s{seed}"
-TEMPLATE_FIELDS = ("name", "id", "seed", "task", "width", "height", "steps")
 RECORDS_DIR = ".farm"  # farm's own records inside output.root; templates may not write there
 
 _TOP_KEYS = {"version": True, "name": True, "model": True, "output": True, "defaults": False, "jobs": True}
@@ -55,7 +52,6 @@ _JOB_FIELDS: dict[str, fields.Checker] = {
 _COMMON = {"task": "t2v", "negative_prompt": "", "seed": 0, "retries": 2, "timeout": 1800.0, "priority": 0}
 _VIDEO = {"steps": 35, "guidance": 6.0, "size": (1280, 720), "frames": 189, "fps": 24.0}
 _IMAGE = {"steps": 50, "guidance": 7.0, "size": (1024, 1024), "frames": 1, "fps": 24.0}
-_PROBE = {"name": "name", "id": "id", "seed": 0, "task": "t2v", "width": 16, "height": 16, "steps": 1}
 _INPUT_OF_TASK = {"i2v": "image", "v2v": "video"}  # the conditioning file each task needs
 _VIDEO_ONLY = ("frames", "fps")  # meaningless for t2i: a t2i job may not set them, inherited ones are dropped
 
@@ -134,6 +130,7 @@ class _Resolver:
         self.job_ids: dict[int, str] = {}
         self._input_hashes: dict[str, str] = {}
         self._schedule: dict = {}  # a distilled checkpoint's fixed steps and baked-in guidance
+        self._fine_folders: set[Path] = set()  # output folders inside the root, out of its records
 
     def error(self, path: Path_, message: str) -> None:
         self.problems.append(Problem(self.doc.line(path), format_path(path, self.job_ids), message))
@@ -236,7 +233,7 @@ class _Resolver:
             return None, None
         self._keys(raw, ("output",), _OUTPUT_KEYS)
         root = self._value(raw, ("output", "root"), fields.text(required=True))
-        template = self._value(raw, ("output", "path"), fields.text(required=True), DEFAULT_TEMPLATE)
+        template = self._value(raw, ("output", "path"), fields.text(required=True), templates.DEFAULT)
         if template is not None and not self._template_ok(template):
             template = None
         if root is None:
@@ -252,24 +249,10 @@ class _Resolver:
         return resolved, template
 
     def _template_ok(self, template: str) -> bool:
-        """Checks the template once, on a probe job: field values cannot hold `/` or start with `.`
-        (ids and names match fields.ID_PATTERN), so only the template's own text can leave the root."""
-        where = ("output", "path")
         try:
-            names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-            unknown = sorted(n for n in names if n not in TEMPLATE_FIELDS)
-            if unknown:
-                fields_ = ", ".join("{" + f + "}" for f in TEMPLATE_FIELDS)
-                self.error(where, f"unknown field {{{unknown[0]}}} (use {fields_})")
-                return False
-            probe = os.path.normpath(template.format(**_PROBE))
-        except (ValueError, KeyError, IndexError) as err:
-            self.error(where, f"bad template {template!r}: {err}")
-            return False
-        first = Path(probe).parts[0] if probe else ""
-        if os.path.isabs(probe) or first in ("..", ".", RECORDS_DIR):
-            self.error(where, f"{template!r} leaves output.root (or writes into {RECORDS_DIR}/); "
-                              "use a relative path such as {name}/{id}_s{seed}")
+            templates.check(template, RECORDS_DIR)
+        except templates.TemplateError as err:
+            self.error(("output", "path"), str(err))
             return False
         return True
 
@@ -323,6 +306,13 @@ class _Resolver:
         return job_id
 
     def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path) -> None:
+        folder = Path(job.media).parent
+        if folder not in self._fine_folders:  # every job's path, symlinks resolved (a folder found fine once)
+            try:
+                templates.check_target(root, job.media, RECORDS_DIR)
+                self._fine_folders.add(folder)
+            except OutputPathError as err:
+                self.error(where, f"output path: {err}")
         if job.media in owners:
             relative = Path(job.media).relative_to(root)
             fix = "put {id} and {seed} in output.path"
@@ -407,8 +397,9 @@ class _Resolver:
         key = job_id if seed is None else f"{job_id}@{seed}"
         values = {**values, "seed": values["seed"] if seed is None else seed}
         width, height = values["size"]
-        relative = os.path.normpath(template.format(name=name, id=job_id, seed=values["seed"], task=values["task"],
-                                                    width=width, height=height, steps=values["steps"]))
+        relative = os.path.normpath(templates.render(template, dict(
+            name=name, id=job_id, seed=values["seed"], task=values["task"], width=width, height=height,
+            steps=values["steps"])))
         media = root / (relative + (".png" if values["task"] == "t2i" else ".mp4"))
         resolved = {k: values[k] for k in _JOB_FIELDS if k != "size"}
         job = Job(key=key, id=job_id, order=order, width=width, height=height, media=str(media), config_hash="",

@@ -18,7 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from farm.errors import OutputPathError, StorageFault
+from farm import template
+from farm.errors import StorageFault
 from farm.manifest import RECORDS_DIR, Job
 
 SIDECAR_FORMAT = 1
@@ -39,14 +40,16 @@ def publish(final: Path, attempt: int, write: Callable[[Path], None],
             root: str | Path | None = None) -> tuple[str, int]:
     """Has `write(temp)` fill a temp file beside `final`, makes it durable and renames it into place.
 
-    With `root` (the output root), `final` is checked again to be inside it (`check_target`), and the root must
+    With `root` (the output root), `final` is checked again to be inside it (`template.check_target`), and the root must
     still exist: publishing never creates it, so a root deleted mid-run fails loudly instead of coming back.
     Returns the sha256 and size of what was published. Nothing is left behind if `write` fails.
 
     # Raises: StorageFault (an OSError of the storage: ENOSPC, EROFS, EACCES, the root gone), OutputPathError.
     """
     if root is not None:
-        check_target(root, final)
+        if not Path(root).is_dir():
+            raise StorageFault(f"output root {root} is gone (deleted or unmounted during the run?)")
+        template.check_target(root, final, RECORDS_DIR)
     temp = _temp_path(final, attempt)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -72,26 +75,6 @@ def write_json(final: Path, data: Any, attempt: int = 0, root: str | Path | None
     """Publishes a JSON file atomically (sidecars, farm state, run summaries)."""
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     publish(final, attempt, lambda temp: temp.write_text(text), root)
-
-
-def check_target(root: str | Path, media: str | Path) -> Path:
-    """Where `media` will really be written, its folder's symlinks resolved: refused unless inside `root` and
-    outside the farm's records (`root/.farm`). Run for every job at plan time and again at publish.
-
-    # Raises: StorageFault when the root is gone; OutputPathError when the path leads out of it.
-    """
-    root, media = Path(root), Path(media)
-    if not root.is_dir():
-        raise StorageFault(f"output root {root} is gone (deleted or unmounted during the run?)")
-    real_root = root.resolve()
-    real = media.parent.resolve() / media.name
-    if not real.is_relative_to(real_root):
-        through = next((p for p in reversed(media.parents) if p.is_relative_to(root) and p.is_symlink()), None)
-        how = f" through the symlink {through} -> {os.readlink(through)}" if through else ""
-        raise OutputPathError(f"{media} leads to {real}{how}, outside output.root {real_root}")
-    if real.is_relative_to(real_root / RECORDS_DIR):
-        raise OutputPathError(f"{media} is inside {real_root / RECORDS_DIR}, the farm's own records")
-    return real
 
 
 def prepare_root(root: str | Path) -> None:
