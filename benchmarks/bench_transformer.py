@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -40,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cosmos3.checkpoint import TensorDict  # noqa: E402
 from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
 from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, calibrate_input_amax, quantization_config, quantize_tensors  # noqa: E402
+from cosmos3.diffusers_model import reference_forward  # noqa: E402
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export, quantize  # noqa: E402
 from cosmos3.layers.linear import Linear, quantize_shared_input  # noqa: E402
-from cosmos3.loader import build_transformer  # noqa: E402
+from cosmos3.loader import build_transformer, load_transformer  # noqa: E402
 from cosmos3.quant import STATIC_FP8  # noqa: E402
 from tests.cosmos3.random_weights import random_checkpoint  # noqa: E402
 
@@ -123,7 +125,7 @@ def attention_only(model, n_gen: int, n_und: int):
 def fuse_static_fp8(bf16_model, fp8_model) -> None:
     """Baseline: give ``bf16_model``'s fused projections the FP8 tensors of ``fp8_model`` under one max scale."""
     for name, fused in bf16_model.named_modules():
-        if not isinstance(fused, Linear):
+        if not isinstance(fused, Linear) or not name.startswith("layers."):  # decoder projections only
             continue
         parent = name.rsplit(".", 1)[0]
         shards = [fp8_model.get_submodule(f"{parent}.{k}" if k else name) for k in fused.shard_keys]
@@ -136,6 +138,23 @@ def fuse_static_fp8(bf16_model, fp8_model) -> None:
         fused.input_scale = torch.nn.Parameter(shards[0].input_scale.clone(), False)
         fused.out_dtype = torch.bfloat16
         fused.quant_method = STATIC_FP8  # apply() only needs the tensors; the fused layout is the point
+
+
+def modelopt_fp8(cfg: dict, state: dict, vocab: int):
+    """Our static FP8 model of ``state``: ModelOpt's export (cosmos recipe) of diffusers' model over the same
+    weights, calibrated on one T2I-sized pass."""
+    from diffusers import Cosmos3OmniTransformer
+
+    with torch.device("cuda"):
+        model = Cosmos3OmniTransformer(**cfg).to(torch.bfloat16).eval()
+    model.time_embedder.float()
+    model.load_state_dict(state)
+    ids = torch.randint(0, vocab, (512,), device="cuda")
+    quantize(model, lambda m: reference_forward(m, ids, torch.randn(48, 1, 64, 64, device="cuda").bfloat16(), 500.0))
+    with tempfile.TemporaryDirectory() as tmp:
+        export(model, tmp, step_policy=PUBLISHED_STEP_POLICY)
+        del model
+        return load_transformer(tmp, device="cuda", dtype=torch.bfloat16)
 
 
 def build_models(layers: int, vocab: int, with_diffusers: bool, sound: bool, with_fused: bool):
@@ -156,17 +175,12 @@ def build_models(layers: int, vocab: int, with_diffusers: bool, sound: bool, wit
         state = random_checkpoint(cfg)
     config = Cosmos3Config.from_dict(cfg)
     bf16 = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
-    ids = torch.randint(0, vocab, (512,), device="cuda")
-    amax = calibrate_input_amax(bf16, lambda m: m.velocity(ids, torch.randn(48, 1, 64, 64, device="cuda"), 500.0))
-    quant = quantization_config(ignore=[], step_policy=PUBLISHED_STEP_POLICY)
-    fp8_state = quantize_tensors(TensorDict(state), amax, quant)
-    fp8_config = Cosmos3Config.from_dict({**cfg, "quantization_config": quant})
-    fp8 = build_transformer(fp8_config, TensorDict(fp8_state), device="cuda", dtype=torch.bfloat16)
+    fp8 = modelopt_fp8(cfg, state, vocab)
     fused = None
     if with_fused:
         fused = build_transformer(config, TensorDict(state), device="cuda", dtype=torch.bfloat16)
         fuse_static_fp8(fused, fp8)
-    del state, fp8_state
+    del state
     return reference, bf16, fp8, fused
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from cosmos3.config import QuantConfig
-from cosmos3.fp8_export import IGNORE, PUBLISHED_STEP_POLICY
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant.fp8_static import FP8, FP8_MAX
 from toy.layout import PROMPT_WORDS, PUBLISHED_ONLY_KEYS, UNIPC_SCHEDULER, write_json, write_pipeline_files, write_tokenizer
 
@@ -74,9 +74,12 @@ WAN22_VAE = {
 # What ModelOpt 0.47's Hugging Face export writes into transformer/config.json, and nothing more.
 MODELOPT_VERSION = "0.47.0"
 _FP8_TENSORS = {"dynamic": False, "num_bits": 8, "type": "float"}
+# The published FP8 checkpoints' ignore list (reference §5.3): what the cosmos recipe leaves high precision.
+PUBLISHED_IGNORE = ["proj_in", "proj_out", "time_embedder*", "audio_proj_in", "audio_proj_out", "action_proj_in",
+                    "action_proj_out", "lm_head", "model.visual*", "visual*"]
 MODELOPT_QUANTIZATION = {
     "config_groups": {"group_0": {"weights": _FP8_TENSORS, "input_activations": _FP8_TENSORS, "targets": ["Linear"]}},
-    "ignore": IGNORE,
+    "ignore": PUBLISHED_IGNORE,
     "quant_algo": "FP8",
     "producer": {"name": "modelopt", "version": MODELOPT_VERSION},
     "quant_method": "modelopt",

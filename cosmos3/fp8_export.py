@@ -1,35 +1,43 @@
-"""BF16 checkpoint in, ModelOpt-layout static FP8 checkpoint out (for tests, benchmarks and the demo).
+"""BF16 Cosmos3 checkpoint in, static-FP8 checkpoint out, quantized and written by NVIDIA ModelOpt.
 
-Input scales are calibrated by max over real forward passes: ``calibrate(model)`` runs the
-BF16 model however the caller likes (denoising trajectories, usually) while hooks record the
-largest ``|x|`` each decoder projection sees. Projections that read one activation (Q/K/V of a
-tower, gate/up) see the same tensor, so they get the same input_scale, as ModelOpt's do.
-Layout (reference §5.2-§5.5): per projection ``weight`` (e4m3, ``[out, in]``), ``weight_scale``
-and ``input_scale`` (fp32 scalars) and the ModelOpt buffers; everything else as it was.
+    pip install '.[quantize]'
+    python -m cosmos3.fp8_export /ckpt/bf16 /ckpt/fp8 [--recipe cosmos|stock] [--prompts prompts.txt]
+
+1. diffusers' ``Cosmos3OmniTransformer`` from the BF16 checkpoint (bf16, time_embedder fp32).
+2. ``mtq.quantize`` with ModelOpt's ``FP8_DEFAULT_CFG`` (per-tensor FP8 weights and static
+   inputs, max calibration). The forward loop is ours: full renders of our pipeline (both CFG
+   branches, every denoising step) with diffusers' model as the velocity, so each projection
+   is calibrated on the activations a render really produces.
+3. ``modelopt.torch.export.export_hf_checkpoint`` writes ``transformer/`` (its diffusers path:
+   e4m3 weights, 0-d fp32 ``weight_scale``/``input_scale``, ``quantization_config`` with the
+   ``ignore`` list); the other components are copied unchanged.
+4. The ``diffusion_step_policy`` goes into ``quantization_config.runtime`` (reference §6).
+
+Recipes: ``cosmos`` also excludes ``proj_in`` and the ``time_embedder``, as the published FP8
+checkpoints do; ``stock`` is ModelOpt's config unchanged, as its diffusers example runs it (proj_in
+and time_embedder then load W8A8). ModelOpt's defaults already keep proj_out, the LM head and the
+embeddings high precision.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-import torch
 
-from cosmos3 import ops
-from cosmos3.checkpoint import CheckpointFiles, TensorDict
-from cosmos3.layers.linear import Linear
-from cosmos3.loader import load_transformer, transformer_dir
-from cosmos3.quant.fp8_static import FP8_MAX
-from cosmos3.transformer import Cosmos3Transformer
+from cosmos3.checkpoint_header import inspect
+from cosmos3.config import Cosmos3Config
+from cosmos3.diffusers_model import DiffusersVelocity, load_diffusers_transformer
+from cosmos3.request import RenderRequest
 
-# ModelOpt's non-quantized modules, as its exporter writes them (reference §5.3).
-MODULES_TO_NOT_CONVERT = ["proj_in", "proj_out", "time_embedder", "audio_proj_in", "audio_proj_out",
-                          "action_proj_in", "action_proj_out", "lm_head", "visual"]
-IGNORE = ["proj_in", "proj_out", "time_embedder*", "audio_proj_in", "audio_proj_out", "action_proj_in",
-          "action_proj_out", "lm_head", "model.visual*", "visual*"]
+# Quantizer-name globs each recipe disables on top of ModelOpt's FP8_DEFAULT_CFG.
+RECIPE_EXCLUSIONS = {"cosmos": ("*proj_in*", "*time_embedder*"), "stock": ()}
 
+# The policy the published video FP8 builds carry (first 3 / last 3 steps W8A16, reasoner A16).
 PUBLISHED_STEP_POLICY = {
     "schema_version": 1, "type": "first_last_n", "index_space": "denoising_loop_iteration",
     "scope": ["transformer"], "default_mode": "native",
@@ -37,125 +45,112 @@ PUBLISHED_STEP_POLICY = {
     "overlap": "a16", "reasoner": "a16",
 }
 
+# Calibration prompts of the command line when none are given: varied scenes, motion and light.
+DEFAULT_PROMPTS = (
+    "A red car drives along a wet city street at night, neon signs reflecting on the asphalt.",
+    "A golden retriever runs across a sunny meadow toward the camera.",
+    "A robot arm picks up a blue cube from a cluttered workbench in a bright lab.",
+    "Waves roll onto a rocky beach at sunset under an orange sky.",
+)
 
-def quantization_config(*, ignore: list[str], step_policy: dict | None) -> dict:
-    """The ``quantization_config`` keys ModelOpt's Cosmos3 exporter writes."""
-    fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
-    config = {
-        "quant_method": "modelopt", "quant_algo": "FP8", "quant_type": "FP8_FP8", "weight_only": False,
-        "config_groups": {"group_0": {"weights": fp8, "input_activations": dict(fp8), "targets": ["Linear"]}},
-        "calib_cfg": {"method": "max"}, "producer": {"name": "cosmos3-farm", "version": "0.1.0"},
-        "ignore": IGNORE + [i for i in ignore if i not in IGNORE],
-        "modules_to_not_convert": MODULES_TO_NOT_CONVERT,
-        "block_quantize": None, "channel_quantize": None, "scale_block_quantize": None,
-        "scale_channel_quantize": None, "disable_conv_quantization": False, "forward_loop": None,
-    }
-    if step_policy is not None:
-        config["runtime"] = {"diffusion_step_policy": step_policy}
+
+def quantize_config(recipe: str = "cosmos", exclude: Sequence[str] = ()) -> dict:
+    """ModelOpt's FP8 per-tensor config for ``recipe``; ``exclude``: further module names kept high precision."""
+    import modelopt.torch.quantization as mtq
+
+    _check_recipe(recipe)
+    config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
+    patterns = list(RECIPE_EXCLUSIONS[recipe]) + [f"{name}.*" for name in exclude]
+    config["quant_cfg"] += [{"quantizer_name": pattern, "enable": False} for pattern in patterns]
     return config
 
 
-def calibrate_input_amax(model: Cosmos3Transformer, calibrate: Callable[[Cosmos3Transformer], None]) -> dict[str, float]:
-    """Checkpoint projection name -> max |input| over everything ``calibrate`` runs."""
-    amax: dict[str, torch.Tensor] = {}
-    hooks = []
-    for name, linear in model.named_modules():
-        if isinstance(linear, Linear):
-            def record(module, args, name=name):
-                seen = args[0].detach().abs().amax().float()
-                amax[name] = torch.maximum(amax[name], seen) if name in amax else seen
-            hooks.append(linear.register_forward_pre_hook(record))
-    model.skip_unread_und_mlp = False
-    try:
-        calibrate(model)
-    finally:
-        model.skip_unread_und_mlp = True
-        for hook in hooks:
-            hook.remove()
-    # A fused Linear's input is every shard's input: fan its amax out to the shard names.
-    per_projection = {}
-    for name, value in amax.items():
-        linear = model.get_submodule(name)
-        parent = name.rsplit(".", 1)[0]
-        for shard in linear.shard_keys:
-            per_projection[f"{parent}.{shard}" if shard else name] = value.item()
-    return per_projection
+def _check_recipe(recipe: str) -> None:
+    if recipe not in RECIPE_EXCLUSIONS:
+        raise ValueError(f"recipe={recipe!r}; expected one of {sorted(RECIPE_EXCLUSIONS)}")
 
 
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor ``weight_scale = max|W| / 448`` and the e4m3 weight (saturating, round to nearest even)."""
-    w = weight.float().contiguous()
-    scale = (w.abs().amax() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    return ops.quantize_fp8(w, scale.reshape(1)), scale
+def quantize(model, forward_loop: Callable, *, recipe: str = "cosmos", exclude: Sequence[str] = ()):
+    """``mtq.quantize`` diffusers' model in place; ``forward_loop(model)`` runs the calibration passes."""
+    import modelopt.torch.quantization as mtq
+
+    return mtq.quantize(model, quantize_config(recipe, exclude), forward_loop=forward_loop)
 
 
-def export_static_fp8(
+def export(model, directory: str | Path, *, step_policy: dict | None, max_shard_size: str = "10GB") -> Path:
+    """ModelOpt's export of a quantized transformer into ``directory``, plus the step policy."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    directory = Path(directory)
+    export_hf_checkpoint(model, export_dir=directory, max_shard_size=max_shard_size)
+    if step_policy is not None:
+        path = directory / "config.json"
+        config = json.loads(path.read_text())
+        config["quantization_config"]["runtime"] = {"diffusion_step_policy": step_policy}
+        path.write_text(json.dumps(config, indent=4))
+    return directory
+
+
+def export_fp8(
     src: str | Path,
     dst: str | Path,
-    calibrate: Callable[[Cosmos3Transformer], None],
+    calibration: Iterable[RenderRequest],
     *,
-    step_policy: dict | None = None,
-    ignore: list[str] = (),
-    num_shards: int = 2,
-    dtype: torch.dtype = torch.float32,
+    recipe: str = "cosmos",
+    step_policy: dict | None = PUBLISHED_STEP_POLICY,
+    max_shard_size: str = "10GB",
+    device: str = "cpu",
 ) -> Path:
-    """Write ``dst`` (a checkpoint root, or a transformer dir if ``src`` is one) from BF16 ``src``."""
-    src_dir, src_root = transformer_dir(src), Path(src)
-    dst_root = Path(dst)
-    dst_dir = dst_root / "transformer" if src_dir != src_root else dst_root
-    model = load_transformer(src_dir, dtype=dtype, precision="bf16")
-    amax = calibrate_input_amax(model, calibrate)
-    config = json.loads((src_dir / "config.json").read_text())
-    quant = quantization_config(ignore=list(ignore), step_policy=step_policy)
-    tensors = quantize_tensors(CheckpointFiles(src_dir), amax, quant)
+    """Write the FP8 checkpoint root ``dst`` from the BF16 root ``src``, calibrated on ``calibration`` renders."""
+    from cosmos3.pipeline import Cosmos3Pipeline
 
-    if src_dir != src_root:  # copy the other components unchanged
-        shutil.copytree(src_root, dst_root, ignore=shutil.ignore_patterns("transformer"), dirs_exist_ok=True)
-        hf_quant = {k: v for k, v in quant.items() if k != "runtime"}
-        (dst_root / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
-    _write_shards(tensors, dst_dir, num_shards)
-    (dst_dir / "config.json").write_text(json.dumps({**config, "quantization_config": quant}, indent=2))
-    return dst_root
+    src, dst = Path(src), Path(dst)
+    _check_recipe(recipe)
+    if (dst / "transformer").exists():
+        raise FileExistsError(f"{dst / 'transformer'} exists; remove it (or pick another destination) first")
+    requests = list(calibration)
+    if not requests:
+        raise ValueError("calibration needs at least one render request")
+    velocity = DiffusersVelocity(load_diffusers_transformer(src / "transformer").to(device),
+                                 Cosmos3Config.from_json(src / "transformer" / "config.json"))
+    pipe = Cosmos3Pipeline.from_pretrained(src, device=device, model=velocity)
 
+    def forward_loop(model) -> None:
+        velocity.model = model
+        for request in requests:
+            pipe(request)
 
-def quantize_tensors(files: CheckpointFiles | TensorDict, amax: dict[str, float], quant: dict) -> dict[str, torch.Tensor]:
-    """Every checkpoint tensor, decoder projections (not ignored, calibrated) turned static FP8."""
-    from cosmos3.config import QuantConfig
-
-    rules = QuantConfig.from_dict(quant)
-    out: dict[str, torch.Tensor] = {}
-    for key in sorted(files.keys()):
-        module, _, suffix = key.rpartition(".")
-        tensor = files.get(key)
-        if module not in amax or suffix != "weight" or rules.is_ignored(module):
-            out[key] = tensor
-            continue
-        weight, weight_scale = quantize_weight(tensor)
-        input_scale = torch.tensor(max(amax[module], torch.finfo(torch.float32).tiny) / FP8_MAX, dtype=torch.float32)
-        out[f"{module}.weight"] = weight
-        out[f"{module}.weight_scale"] = weight_scale.reshape(())
-        out[f"{module}.input_scale"] = input_scale
-        out[f"{module}.weight_quantizer._amax"] = weight_scale.reshape(()) * FP8_MAX
-        out[f"{module}.weight_quantizer._scale"] = weight_scale.reshape(()).clone()
-        out[f"{module}.input_quantizer._amax"] = input_scale * FP8_MAX
-    return out
+    quantize(velocity.model, forward_loop, recipe=recipe)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("transformer"), dirs_exist_ok=True)
+    export(velocity.model, dst / "transformer", step_policy=step_policy, max_shard_size=max_shard_size)
+    inspect(dst)  # what the loader and `farm validate` will check, checked now
+    return dst
 
 
-def _write_shards(tensors: dict[str, torch.Tensor], directory: Path, num_shards: int) -> None:
-    """Round-robin over shards so a projection's weight and scales usually land in different files."""
-    from safetensors.torch import save_file
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("src", type=Path, help="BF16 checkpoint root (model_index.json, transformer/, vae/, ...)")
+    parser.add_argument("dst", type=Path, help="where the FP8 checkpoint root is written")
+    parser.add_argument("--recipe", choices=sorted(RECIPE_EXCLUSIONS), default="cosmos")
+    parser.add_argument("--prompts", type=Path, help="calibration prompts, one per line (default: four built-in)")
+    parser.add_argument("--task", choices=("t2v", "t2i"), default="t2v")
+    parser.add_argument("--steps", type=int, help="denoising steps per calibration render (default: the recipe's)")
+    parser.add_argument("--width", type=int, help="calibration render size (default: the task's)")
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--frames", type=int, help="frames per calibration clip (default: the task's)")
+    parser.add_argument("--step-policy", choices=("published", "none"), default="published",
+                        help="the diffusion_step_policy written into the config (none: image / distilled builds)")
+    parser.add_argument("--max-shard-size", default="10GB")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    prompts = args.prompts.read_text().splitlines() if args.prompts else DEFAULT_PROMPTS
+    requests = [RenderRequest(task=args.task, prompt=p, steps=args.steps, width=args.width, height=args.height,
+                              frames=args.frames, seed=i) for i, p in enumerate(p for p in prompts if p.strip())]
+    policy = PUBLISHED_STEP_POLICY if args.step_policy == "published" else None
+    export_fp8(args.src, args.dst, requests, recipe=args.recipe, step_policy=policy,
+               max_shard_size=args.max_shard_size, device=args.device)
+    print(f"wrote {args.dst} ({args.recipe} recipe, {len(requests)} calibration renders)")
 
-    directory.mkdir(parents=True, exist_ok=True)
-    for old in directory.glob("*.safetensors*"):
-        old.unlink()
-    names = [f"diffusion_pytorch_model-{i + 1:05d}-of-{num_shards:05d}.safetensors" for i in range(num_shards)]
-    shards: list[dict[str, torch.Tensor]] = [{} for _ in names]
-    weight_map = {}
-    for i, (key, tensor) in enumerate(tensors.items()):
-        shards[i % num_shards][key] = tensor.contiguous()
-        weight_map[key] = names[i % num_shards]
-    for name, content in zip(names, shards):
-        save_file(content, directory / name, metadata={"format": "pt"})
-    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
-             "weight_map": weight_map}
-    (directory / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+if __name__ == "__main__":
+    main()

@@ -144,11 +144,14 @@ class Cosmos3Pipeline:
         step_precision: str = "auto",
         attention: str = "auto",
         cuda_graphs: bool = True,
+        model=None,
     ) -> Cosmos3Pipeline:
         """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32).
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``,
-        ``step_precision`` and ``attention`` are ``load_transformer``'s.
+        ``step_precision`` and ``attention`` are ``load_transformer``'s. ``model``: a transformer to
+        drive instead of loading ours (FP8 calibration runs diffusers' model, the one ModelOpt
+        quantizes, through this denoising loop).
         """
         root = Path(checkpoint_dir)
         _check_layout(root)
@@ -158,14 +161,24 @@ class Cosmos3Pipeline:
         started = clock()
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
-        model = load_transformer(root, device=device, dtype=dtype, precision=precision, step_precision=step_precision,
-                                 attention=attention)
-        if cuda_graphs and device.type == "cuda":
-            enable_cuda_graphs(model)
-        model_done = clock()
-        if device.type == "cuda" and model.step_controller is not None:  # W8A16 steps and UND run compiled kernels
-            gen, und = tower_linears(model)
-            compile_fused_dequantize(gen + und, dtype)
+        timings = {"ops": ops_seconds}
+        if model is None:
+            model = load_transformer(root, device=device, dtype=dtype, precision=precision,
+                                     step_precision=step_precision, attention=attention)
+            if cuda_graphs and device.type == "cuda":
+                enable_cuda_graphs(model)
+            model_done = clock()
+            if device.type == "cuda" and model.step_controller is not None:  # W8A16 steps and UND: compiled kernels
+                gen, und = tower_linears(model)
+                compile_fused_dequantize(gen + und, dtype)
+            read = model.load_report
+            timings |= {
+                "build": read["build"],  # the model's (empty) parameters allocated on the device
+                "checkpoint_read": read["read"],  # safetensors shards straight into them, device copies included
+                "checkpoint_bytes": read["bytes"],
+                "checkpoint_gb_per_s": read["bytes"] / read["read"] / 1e9 if read["read"] > 0 else None,
+                "w8a16_compile": clock() - model_done if device.type == "cuda" else None,
+            }
         compiled = clock()
         vae = WanVAE.from_pretrained(root / "vae", device=device)
         vae_done = clock()
@@ -184,17 +197,7 @@ class Cosmos3Pipeline:
             sound=sound,
             sound_tokenizer=sound_tokenizer,
         )
-        read = model.load_report
-        pipe.load_timings = {
-            "ops": ops_seconds,
-            "build": read["build"],  # the model's (empty) parameters allocated on the device
-            "checkpoint_read": read["read"],  # safetensors shards straight into them, device copies included
-            "checkpoint_bytes": read["bytes"],
-            "checkpoint_gb_per_s": read["bytes"] / read["read"] / 1e9 if read["read"] > 0 else None,
-            "w8a16_compile": compiled - model_done if device.type == "cuda" else None,
-            "vae": vae_done - compiled,
-            "total": clock() - started,
-        }
+        pipe.load_timings = {**timings, "vae": vae_done - compiled, "total": clock() - started}
         return pipe
 
     # -- stages ------------------------------------------------------------------------------------

@@ -2,12 +2,13 @@
 
     python scripts/train_toy.py                       # -> checkpoints/toy/{bf16,fp8}
     python scripts/train_toy.py --out /tmp/toy --vae-steps 20 --steps 20    # a smoke run
+    python scripts/train_toy.py --fp8-only            # re-export checkpoints/toy/fp8 from bf16 (ModelOpt)
 
 Stages: word-level tokenizer -> a small AutoencoderKLWan trained on drawn scenes -> latents of a fixed
 scene set -> diffusers' Cosmos3OmniTransformer trained by flow matching (EMA weights kept) -> the BF16
-checkpoint -> input amax calibrated on real denoising trajectories of our pipeline -> the ModelOpt-layout
-static FP8 checkpoint with the published diffusion_step_policy -> accuracy of FP8 renders, read from
-their pixels. Everything is seeded: the same arguments on the same machine give the same files.
+checkpoint -> ModelOpt (cosmos3.fp8_export, ``pip install .[quantize]``) calibrates on real renders of
+our pipeline and writes the static FP8 checkpoint, with the published diffusion_step_policy -> accuracy
+of FP8 renders, read from their pixels. Everything is seeded: the same arguments on the same machine give the same files.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8  # noqa: E402
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_fp8  # noqa: E402
 from cosmos3.media import resize_cover_crop  # noqa: E402
-from cosmos3.pipeline import Cosmos3Pipeline, checkpoint_identity  # noqa: E402
+from cosmos3.pipeline import Cosmos3Pipeline  # noqa: E402
 from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
-from cosmos3.sampling import load_recipe  # noqa: E402
 from cosmos3.vae import WanVAE  # noqa: E402
 from toy import flow, measure, scenes  # noqa: E402
 from toy.layout import (  # noqa: E402
@@ -303,25 +303,16 @@ def write_bf16(root: Path, vae, transformer) -> None:
     write_pipeline_files(root, dict(UNIPC_SCHEDULER))
 
 
-def calibration_scenes(seed: int) -> list[tuple[scenes.Scene, int]]:
-    """A spread of stills and clips (every colour, shape, position and motion appears) with their seeds."""
+def calibration_requests(seed: int) -> list:
+    """Full renders (both CFG branches, every step) of a spread of stills and clips: every colour, shape,
+    position and motion appears."""
     rng = np.random.default_rng(seed)
-    return [(scenes.random_scene(rng, moving=i % 2 == 1), seed + i) for i in range(12)]
+    return [scenes.request(scenes.random_scene(rng, moving=i % 2 == 1), seed=seed + i) for i in range(12)]
 
 
-def make_calibrate(root: Path, seed: int):
-    """``calibrate(model)`` for the exporter: full pipeline renders (both CFG branches, every step)."""
-
-    def calibrate(model) -> None:
-        pipe = Cosmos3Pipeline(
-            model=model, vae=WanVAE.from_pretrained(root / "vae", device=torch.device("cpu")),
-            tokenizer=PromptTokenizer.from_pretrained(root / "text_tokenizer"), recipe=load_recipe(root),
-            checkpoint=checkpoint_identity(root), device=torch.device("cpu"), dtype=torch.float32,
-        )
-        for scene, scene_seed in calibration_scenes(seed):
-            pipe(scenes.request(scene, seed=scene_seed))
-
-    return calibrate
+def write_fp8(bf16: Path, fp8: Path, seed: int) -> None:
+    shutil.rmtree(fp8, ignore_errors=True)
+    export_fp8(bf16, fp8, calibration_requests(seed), step_policy=PUBLISHED_STEP_POLICY, max_shard_size="2MB")
 
 
 def evaluate(root: Path, seeds: int, seed: int) -> float:
@@ -348,10 +339,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-seeds", type=int, default=20, help="renders per kind in the final check (0: skip)")
+    parser.add_argument("--fp8-only", action="store_true", help="keep <out>/bf16; re-export <out>/fp8 from it")
     args = parser.parse_args()
     settings = Settings(args.seed, args.vae_steps, args.images, args.clips, args.steps, args.lr, args.eval_seeds)
     start = time.perf_counter()
     bf16, fp8 = args.out / "bf16", args.out / "fp8"
+    if args.fp8_only:
+        write_fp8(bf16, fp8, settings.seed)
+        print(f"wrote {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
+        return
     for old in (bf16, fp8):
         shutil.rmtree(old, ignore_errors=True)
 
@@ -362,7 +358,7 @@ def main() -> None:
     vae.register_to_config(latents_mean=mean, latents_std=std)
     transformer = train_transformer(buckets, settings)
     write_bf16(bf16, vae, transformer)
-    export_static_fp8(bf16, fp8, make_calibrate(bf16, settings.seed), step_policy=PUBLISHED_STEP_POLICY, num_shards=2)
+    write_fp8(bf16, fp8, settings.seed)
     print(f"wrote {bf16} and {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
     if settings.eval_seeds:
         accuracy = evaluate(fp8, settings.eval_seeds, settings.seed)

@@ -1,4 +1,4 @@
-"""A BF16 tiny checkpoint and its static-FP8 export, calibrated from real forward passes."""
+"""A BF16 tiny transformer and its static-FP8 export by ModelOpt, calibrated from real forward passes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.fp8_export import export_static_fp8
+from cosmos3.diffusers_model import load_diffusers_transformer, reference_forward
+from cosmos3.fp8_export import export, quantize
 from tests.cosmos3.reference import tiny_reference
 
 PROMPTS = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]), torch.tensor([5, 3, 5, 8, 9, 7, 9])]
@@ -20,8 +21,10 @@ def calibration_inputs(seed: int = 0):
 
 
 def calibrate(model) -> None:
+    """ModelOpt's forward loop: diffusers' model, driven as its pipeline drives it."""
+    dtype = model.proj_in.weight.dtype
     for ids, latents, t, fps in calibration_inputs():
-        model.velocity(ids, latents, t, fps=fps)
+        reference_forward(model, ids, latents.to(dtype), t, fps=fps)
 
 
 def make_bf16(path: Path, **overrides) -> Path:
@@ -31,5 +34,15 @@ def make_bf16(path: Path, **overrides) -> Path:
     return path
 
 
-def make_fp8(src: Path, dst: Path, **kwargs) -> Path:
-    return export_static_fp8(src, dst, calibrate, num_shards=3, **kwargs)
+def quantized(src: Path, *, recipe: str = "cosmos", exclude=()):
+    """diffusers' model of ``src``, quantized by ModelOpt and calibrated (ready for ``export``)."""
+    model = load_diffusers_transformer(src)
+    quantize(model, calibrate, recipe=recipe, exclude=exclude)
+    return model
+
+
+def make_fp8(src: Path, dst: Path, *, recipe: str = "cosmos", exclude=(), step_policy=None,
+             max_shard_size: str = "24KB") -> Path:
+    """ModelOpt's export of ``src`` (small shards, so a scale may part from its weight)."""
+    return export(quantized(src, recipe=recipe, exclude=exclude), dst, step_policy=step_policy,
+                  max_shard_size=max_shard_size)

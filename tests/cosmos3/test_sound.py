@@ -256,15 +256,11 @@ def snr_db(reference: np.ndarray, signal: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def fp8_root(root, tmp_path_factory):
-    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8
+    from cosmos3.fp8_export import export_fp8
 
-    def calibrate(model):  # the sound tokens pass through every GEN projection too
-        g = torch.Generator().manual_seed(0)
-        for t in (999.0, 600.0, 200.0):
-            model(torch.tensor([5, 9, 17, 3, 44]), torch.randn(8, 3, 2, 3, generator=g), t, fps=24.0,
-                  sound_latents=torch.randn(8, 10, generator=g))
-
-    return export_static_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", calibrate, step_policy=PUBLISHED_STEP_POLICY)
+    # ModelOpt calibrates on a render with sound: the sound tokens pass through every GEN projection too.
+    return export_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", [job("t2v", steps=2, sound=True)],
+                      max_shard_size="64KB")
 
 
 @pytest.fixture(scope="module")

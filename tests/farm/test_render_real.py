@@ -13,11 +13,10 @@ import imageio.v3 as iio
 import imageio_ffmpeg
 import numpy as np
 import pytest
-import torch
 from safetensors import safe_open
 
 from cosmos3.checkpoint import SKIPPED
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_static_fp8
+from cosmos3.fp8_export import export_fp8
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from farm import driver, manifest, storage
 from tests.farm.helpers import local_cluster, output_files, write_manifest
@@ -43,12 +42,9 @@ def cluster():
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     bf16 = make_tiny_checkpoint(tmp_path_factory.mktemp("bf16") / "ckpt")
 
-    def calibrate(model) -> None:  # a few real forward passes over the noise range
-        g = torch.Generator().manual_seed(1)
-        for t in (999.0, 500.0, 50.0):
-            model.velocity(torch.tensor([4, 8, 15, 16, 23]), torch.randn(8, 3, 2, 3, generator=g), t, fps=24.0)
-
-    fp8 = export_static_fp8(bf16, tmp_path_factory.mktemp("fp8") / "ckpt", calibrate, step_policy=PUBLISHED_STEP_POLICY)
+    # ModelOpt calibrates on a real render of our pipeline (its default: the published step policy).
+    calibration = [RenderRequest(task="t2v", prompt=PROMPT, width=48, height=32, frames=9, steps=2)]
+    fp8 = export_fp8(bf16, tmp_path_factory.mktemp("fp8") / "ckpt", calibration, max_shard_size="64KB")
     return {"bf16": bf16, "fp8-static": fp8}
 
 
