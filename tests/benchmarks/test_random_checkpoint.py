@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from benchmarks.random_checkpoint import INPUT_AMAX, quantization_config, write_checkpoint
-from cosmos3.fp8_export import IGNORE, PUBLISHED_STEP_POLICY
+from benchmarks.random_checkpoint import INPUT_AMAX, PUBLISHED_IGNORE, quantization_config, write_checkpoint
+from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.layers.linear import Linear
 from cosmos3.pipeline import Cosmos3Pipeline
 from tests.tiny_checkpoint import TINY_TRANSFORMER, TINY_VAE, Z_DIM
@@ -48,7 +48,7 @@ def test_fp8_variant_is_what_modelopt_0_47_exports(roots):
             "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
             "input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
             "targets": ["Linear"]}},
-        "ignore": IGNORE, "quant_algo": "FP8", "producer": {"name": "modelopt", "version": "0.47.0"},
+        "ignore": PUBLISHED_IGNORE, "quant_algo": "FP8", "producer": {"name": "modelopt", "version": "0.47.0"},
         "quant_method": "modelopt", "runtime": {"diffusion_step_policy": PUBLISHED_STEP_POLICY},
     }
     hf_quant = json.loads((roots["fp8"] / "hf_quant_config.json").read_text())
