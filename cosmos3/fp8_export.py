@@ -31,7 +31,6 @@ from pathlib import Path
 
 from cosmos3.checkpoint_header import inspect
 from cosmos3.config import Cosmos3Config
-from cosmos3.diffusers_model import DiffusersVelocity, load_diffusers_transformer
 from cosmos3.request import RenderRequest
 
 # Quantizer-name globs each recipe disables on top of ModelOpt's FP8_DEFAULT_CFG.
@@ -102,6 +101,7 @@ def export_fp8(
     device: str = "cpu",
 ) -> Path:
     """Write the FP8 checkpoint root ``dst`` from the BF16 root ``src``, calibrated on ``calibration`` renders."""
+    from cosmos3.diffusers_model import DiffusersVelocity, load_diffusers_transformer
     from cosmos3.pipeline import Cosmos3Pipeline
 
     src, dst = Path(src), Path(dst)
