@@ -80,6 +80,13 @@ def reference_forward(model, input_ids, latents, timestep, *, fps=None, conditio
     return out.sample[0][0], (out.sound[0] if out.sound is not None else None)
 
 
+class _DiffusersAttention:
+    """diffusers runs its own attention processor; renders record that, not one of our kernels."""
+
+    def describe(self, device) -> dict:
+        return {"choice": "diffusers"}
+
+
 class DiffusersVelocity:
     """diffusers' model behind the interface ``Cosmos3Pipeline`` drives (``encode_text``, ``__call__``, ...).
 
@@ -88,6 +95,7 @@ class DiffusersVelocity:
     """
 
     precision = "diffusers"
+    attention = _DiffusersAttention()
 
     def __init__(self, model: Cosmos3OmniTransformer, config: Cosmos3Config):
         self.model = model
