@@ -14,6 +14,11 @@ from typing import Any
 
 import ray
 
+try:  # Ray's token lookup; there is no public API for it
+    from ray._private.authentication import authentication_token_setup
+except ImportError:  # a Ray without token authentication
+    authentication_token_setup = None
+
 from farm.errors import ClusterError
 from farm.manifest import ModelSpec
 from farm.scheduler import Capacity, Launch
@@ -45,6 +50,7 @@ def connect(address: str | None) -> Connection:
         _check_reachable(address)
     if ray.is_initialized():
         return Connection(owned=False, dashboard_url=None)
+    token = address is not None and _use_token_auth()
     try:
         if address:
             context = ray.init(address=address)
@@ -53,9 +59,22 @@ def connect(address: str | None) -> Connection:
             # ray.init() would join the newest of those instead).
             context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}") from err
+        hint = "" if token or not address else (
+            "; if the cluster uses token authentication (Ray's default), this machine has no token: copy the "
+            "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")
+        raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}{hint}") from err
     url = context.dashboard_url
     return Connection(owned=True, dashboard_url=f"http://{url}" if url else None)
+
+
+def _use_token_auth() -> bool:
+    """Whether this driver authenticates with a token. Ray turns token auth on by itself only for
+    `address=auto`; for HOST:PORT it needs RAY_AUTH_MODE=token, and without it joining a cluster that uses
+    tokens failed after ~20 s of InvalidAuthToken warnings. Ray's own rule (a token in RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, and RAY_AUTH_MODE unset) decides."""
+    if authentication_token_setup is None:
+        return False
+    return authentication_token_setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def _check_reachable(address: str) -> None:

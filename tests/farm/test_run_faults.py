@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -32,9 +33,9 @@ def address():
         yield ray.get_runtime_context().gcs_address
 
 
-def _farm(*args: str, pipeline: str = "worker.fake:factory") -> subprocess.Popen:
+def _farm(*args: str, pipeline: str = "worker.fake:factory", env: dict | None = None) -> subprocess.Popen:
     command = [sys.executable, "-m", "farm", *args, "--pipeline", pipeline, "--no-progress"]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _wait_for(condition, timeout: float = 120.0) -> None:
@@ -123,6 +124,31 @@ def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(ad
 
     report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
     assert report.ok and not temp_files(root)  # the dead driver's lease taken over at once: same host, pid gone
+
+
+# -- joining a cluster that uses token authentication ------------------------------------------------
+
+
+def _without_auth_settings(**changes: str) -> dict:
+    """This environment less RAY_AUTH_MODE (which the test cluster's ray.init put there) and its kin."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **changes}
+
+
+def test_address_host_port_joins_a_token_auth_cluster_with_the_token_on_this_machine(address, tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    run = _farm("submit", str(path), "--address", address, env=_without_auth_settings())
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err  # was: ~20 s of InvalidAuthToken warnings, then a failure
+    assert "1 done, 0 failed" in out
+
+
+def test_address_host_port_without_a_token_says_what_to_set(address, tmp_path):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    (tmp_path / "home").mkdir()
+    run = _farm("submit", str(path), "--address", address, env=_without_auth_settings(HOME=str(tmp_path / "home")))
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 1 and "Traceback" not in err
+    assert "copy the head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN" in err
 
 
 # -- storage faults ------------------------------------------------------------------------------------
