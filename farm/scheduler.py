@@ -114,6 +114,7 @@ class Scheduler:
         self.avoid: dict[str, set[int]] = {}  # job key -> slots it failed on
         self.outcomes: dict[str, Outcome] = {job.key: Outcome("pending") for job in jobs}
         self.failed_starts = 0
+        self.last_retired = ""  # why the last worker was retired: the cause a stranded job reports
         self.interrupted = False
 
     def run(self) -> dict[str, Outcome]:
@@ -125,7 +126,8 @@ class Scheduler:
                 self._grow()
                 self._dispatch()
                 if not self.inflight and not self.starting:
-                    self._abandon("no worker left to run it (all retired or failed to start)")
+                    self._abandon("no worker left to run it (all retired or failed to start); "
+                                  f"last: {self.last_retired}")
                     break
                 self._wait()
                 self._enforce_deadlines()
@@ -315,6 +317,7 @@ class Scheduler:
 
     def _retire(self, slot: Slot, reason: str) -> None:
         slot.retired = True
+        self.last_retired = f"worker {slot.index} {reason}"
         self._kill([slot])
         self.log.emit("worker_retired", slot=slot.index, node=slot.identity.get("node"), reason=reason)
 

@@ -121,7 +121,10 @@ def test_when_no_worker_can_start_the_run_ends_once_the_init_failure_budget_is_s
     report = _submit(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]), factory=fakes.no_gpu_works)
     kinds = [e["event"] for e in events(tmp_path / "out")]
 
-    assert not report.ok and "no worker left" in report.outcomes["a"].error
+    # The cause, not only its effect, is in the summary of every job it strands (issue 14).
+    error = report.outcomes["a"].error
+    assert error.startswith("no worker left to run it (all retired or failed to start); last: worker ")
+    assert error.endswith(" could not start: RuntimeError: CUDA error: no CUDA-capable device is detected")
     # Failures restart their slot until the budget (one per worker) is spent; after that each one retires its slot.
     assert kinds.count("worker_init_failed") == (GPUS - 1) + GPUS
     assert kinds.count("worker_retired") == GPUS
