@@ -17,6 +17,7 @@ load is refused at validation, with the same message naming the file and the fie
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
@@ -218,6 +219,9 @@ def fp8_modules(config: Cosmos3Config, tensors: dict[str, TensorHeader], where: 
     """
     quant = config.quantization
     static = uses_static_fp8(quant)
+    if static:  # the ignore list may name modules in the legacy dialect (vae2llm, model.layers...), as sglang maps
+        quant = dataclasses.replace(quant, ignore=tuple(dict.fromkeys(quant.ignore + tuple(map(normalize_key,
+                                                                                                 quant.ignore)))))
     quantized = {key.removesuffix(".weight") for key, t in tensors.items()
                  if key.endswith(".weight") and t.dtype == FP8_DTYPE}
     sites = linear_sites(config)

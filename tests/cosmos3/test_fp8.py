@@ -297,15 +297,22 @@ def legacy_names(t):
         t[f"model.{key}"] = t.pop(key)
 
 
-@pytest.mark.parametrize("edit", [
-    pytest.param(with_modelopt_buffers, id="amax-and-scale-buffers"),
-    pytest.param(one_element_scales, id="one-element-scales"),
-    pytest.param(legacy_names, id="model-prefixed-names"),
+def legacy_ignore(c):
+    """The ignore list in the legacy dialect (sglang remaps it too): vae2llm is proj_in, llm2vae proj_out."""
+    legacy = {"proj_in": "vae2llm", "proj_out": "llm2vae"}
+    c["quantization_config"]["ignore"] = [legacy.get(name, name) for name in c["quantization_config"]["ignore"]]
+
+
+@pytest.mark.parametrize("case,edit,edit_config", [
+    pytest.param("stock", with_modelopt_buffers, None, id="amax-and-scale-buffers"),
+    pytest.param("stock", one_element_scales, None, id="one-element-scales"),
+    pytest.param("stock", legacy_names, None, id="model-prefixed-names"),
+    pytest.param("cosmos", None, legacy_ignore, id="legacy-names-in-ignore"),
 ])
-def test_other_writers_layouts_load_to_the_same_velocity(exports, tmp_path, edit):
+def test_other_writers_layouts_load_to_the_same_velocity(exports, tmp_path, case, edit, edit_config):
     ids, latents = sample(2)
-    expected = load_transformer(exports["stock"], dtype=torch.float32).velocity(ids, latents, 400.0, fps=24.0)
-    other = rewrite(exports["stock"], tmp_path / "other", edit, num_shards=3)
+    expected = load_transformer(exports[case], dtype=torch.float32).velocity(ids, latents, 400.0, fps=24.0)
+    other = rewrite(exports[case], tmp_path / "other", edit, edit_config, num_shards=3)
     assert torch.equal(load_transformer(other, dtype=torch.float32).velocity(ids, latents, 400.0, fps=24.0), expected)
 
 
