@@ -16,7 +16,6 @@ from typing import Any
 
 from cosmos3.errors import ConfigError
 
-PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size")
 
 
 @dataclass(frozen=True)
@@ -335,16 +334,3 @@ def _check_field(name: str, kind: Any, value: Any) -> Any:
 
 
 _FIELD_TYPES = typing.get_type_hints(Cosmos3Config)
-
-
-def check_parallel(config: Cosmos3Config | QuantConfig | dict | None, parallel: dict[str, int] | None) -> None:
-    """Refuse static FP8 with any parallel axis above 1: static FP8 runs one GPU per worker.
-
-    Defence in depth: the manifest validator calls this before Ray starts, the worker again at load.
-    """
-    if not parallel or not uses_static_fp8(config):
-        return
-    for axis in PARALLEL_AXES:
-        size = parallel.get(axis, 1)
-        if size != 1:
-            raise ConfigError(f"static FP8 runs one GPU per worker; got parallel.{axis}={size} (set it to 1)")

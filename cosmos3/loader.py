@@ -8,41 +8,13 @@ import torch
 
 from cosmos3.checkpoint import CheckpointFiles, TensorDict, load_checkpoint
 from cosmos3.checkpoint_header import fp8_modules, inspect, transformer_dir
-from cosmos3.config import Cosmos3Config, check_parallel, uses_static_fp8
-from cosmos3.errors import ConfigError
+from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import GEN
 from cosmos3.layers.linear import Linear
-from cosmos3.step_precision import StepPrecisionController, resolve_policy
+from cosmos3.load_options import LoadOptions, Precision, resolve
+from cosmos3.step_precision import StepPrecisionController
 from cosmos3.timing import Clock
 from cosmos3.transformer import Cosmos3Transformer
-
-PRECISION_CHOICES = ("auto", "bf16", "fp8-dynamic", "fp8-static")
-
-
-def resolve_precision(config: Cosmos3Config, precision: str, lora: object = None) -> str:
-    """``auto`` follows the checkpoint; refuse combinations that would quantize twice or run untested."""
-    if precision not in PRECISION_CHOICES:
-        raise ConfigError(f"precision={precision!r}; expected one of {PRECISION_CHOICES}")
-    static = uses_static_fp8(config)
-    if lora is not None:
-        reason = "static FP8 keeps gate/up split (GatedMLP) and calibrated" if static else "not implemented"
-        raise ConfigError(f"LoRA adapters are not supported ({reason}); remove the lora option")
-    if static:
-        if precision in ("bf16", "fp8-dynamic"):
-            raise ConfigError(
-                f"precision={precision!r} on a ModelOpt static FP8 checkpoint would re-quantize calibrated weights "
-                "(forced dynamic quantization on a split GatedMLP); use precision='auto'"
-            )
-        return "fp8-static"
-    if config.quantization is not None:
-        q = config.quantization
-        raise ConfigError(
-            f"quantization_config quant_method={q.quant_method!r} quant_algo={q.quant_algo!r} "
-            f"(static inputs: {q.static_input}) is not supported; only ModelOpt static FP8 checkpoints are"
-        )
-    if precision == "fp8-static":
-        raise ConfigError("precision='fp8-static' needs a ModelOpt static FP8 checkpoint; this one is unquantized")
-    return "bf16" if precision == "auto" else precision
 
 
 def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **options) -> Cosmos3Transformer:
@@ -65,19 +37,16 @@ def build_transformer(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
-    precision: str = "auto",
+    precision: Precision = "auto",
     attention: str = "auto",
     step_precision: str | dict | None = "auto",
     parallel: dict[str, int] | None = None,
     lora: object = None,
 ) -> Cosmos3Transformer:
     """The model for ``config`` filled from ``tensors`` (files, or a dict in memory)."""
-    check_parallel(config, parallel)
-    precision = resolve_precision(config, precision, lora)
-    policy = resolve_policy(config.quantization, step_precision)
-    if policy is not None and precision != "fp8-static":
-        raise ConfigError("step precision applies to static FP8 checkpoints only; set step_precision='off'")
-
+    # The same torch-free check the farm runs on a manifest's model section.
+    resolved = resolve(config, LoadOptions(precision, step_precision, parallel, attention), lora)
+    precision, policy = resolved.precision, resolved.policy
     fp8 = fp8_modules(config, tensors.headers, tensors.directory) if precision == "fp8-static" else frozenset()
     clock = Clock(device)
     started = clock()

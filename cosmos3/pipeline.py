@@ -28,11 +28,19 @@ from cosmos3.audio import SoundTokenizer
 from cosmos3.config import SOUND_TOKENIZER_DIR, SoundSupport, read_sound_support
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
+from cosmos3.load_options import Precision
 from cosmos3.loader import tower_linears
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt import PromptSpec, PromptTokenizer
 from cosmos3.quant.w8a16 import compile_fused_dequantize
-from cosmos3.request import NO_SOUND, V2V_CONDITION_LATENT_FRAMES, RenderPlan, RenderRequest, resolve
+from cosmos3.request import (
+    NO_SOUND,
+    V2V_CONDITION_LATENT_FRAMES,
+    RenderPlan,
+    RenderRequest,
+    RequestRules,
+    resolve,
+)
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
 from cosmos3.timing import Clock, MemoryProbe
 from cosmos3.vae import WanVAE
@@ -131,6 +139,8 @@ class Cosmos3Pipeline:
         self.device = device
         self.dtype = dtype
         self.sound = sound or NO_SOUND
+        # The request rules, with the VAE's factors from the loaded VAE (the farm reads the same vae/config.json).
+        self.rules = RequestRules(recipe, vae.spatial_factor, vae.temporal_factor, self.sound)
         self.sound_tokenizer = sound_tokenizer
         self.load_timings: dict = {}  # from_pretrained's seconds per stage of the load
 
@@ -140,18 +150,19 @@ class Cosmos3Pipeline:
         checkpoint_dir: str | Path,
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
-        precision: str = "auto",
-        step_precision: str = "auto",
+        precision: Precision = "auto",
+        step_precision: str | dict = "auto",
         attention: str = "auto",
+        parallel: dict[str, int] | None = None,
         cuda_graphs: bool = True,
         model=None,
     ) -> Cosmos3Pipeline:
         """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32).
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``,
-        ``step_precision`` and ``attention`` are ``load_transformer``'s. ``model``: a transformer to
-        drive instead of loading ours (FP8 calibration runs diffusers' model, the one ModelOpt
-        quantizes, through this denoising loop).
+        ``step_precision``, ``attention`` and ``parallel`` are ``cosmos3.load_options.LoadOptions``
+        (checked by ``load_transformer``). ``model``: a transformer to drive instead of loading ours (FP8
+        calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop).
         """
         root = Path(checkpoint_dir)
         _check_layout(root)
@@ -164,7 +175,7 @@ class Cosmos3Pipeline:
         timings = {"ops": ops_seconds}
         if model is None:
             model = load_transformer(root, device=device, dtype=dtype, precision=precision,
-                                     step_precision=step_precision, attention=attention)
+                                     step_precision=step_precision, attention=attention, parallel=parallel)
             if cuda_graphs and device.type == "cuda":
                 enable_cuda_graphs(model)
             model_done = clock()
@@ -259,10 +270,7 @@ class Cosmos3Pipeline:
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
         memory.start()
-        plan = resolve(
-            request, self.recipe, spatial_factor=self.vae.spatial_factor, temporal_factor=self.vae.temporal_factor,
-            sound=self.sound,
-        )
+        plan = resolve(request, self.rules)
         ids = self._token_ids(plan)
         tokenized = clock()
 

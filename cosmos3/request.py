@@ -2,20 +2,25 @@
 
 ``RenderRequest`` is what callers fill in (``None`` = task default); ``resolve()`` turns it into a
 fully concrete ``RenderPlan`` or raises one ``PipelineError`` that lists every problem with its fix.
-Torch-free, like ``cosmos3.sampling``: the farm driver can check jobs before any GPU stack loads.
+``problems()`` returns the same problems as (field, message) pairs. Torch-free, like ``cosmos3.sampling``:
+the farm checks every job of a manifest with these rules before any GPU stack loads, so a job that
+passes ``farm validate`` is one a worker renders.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.config import SoundSupport
-from cosmos3.errors import PipelineError
-from cosmos3.sampling import SamplingRecipe
+from cosmos3.config import Cosmos3Config, SoundSupport, read_sound_support
+from cosmos3.errors import CheckpointError, PipelineError, Problem
+from cosmos3.sampling import SamplingRecipe, load_recipe
 
 TASKS = ("t2v", "t2i", "i2v", "v2v")
+INPUT_OF_TASK = {"i2v": "image", "v2v": "video"}  # the conditioning input each task needs
 
 # V2V keeps the first two latent frames of the input clean: the published default
 # condition_frame_indexes_vision=[0, 1], i.e. the first 5 pixel frames at temporal factor 4.
@@ -69,6 +74,43 @@ class RenderRequest:
     sound: bool | None = None
 
 
+NO_SOUND = SoundSupport(None, "no sound support was given")
+
+
+def unused_fields(task: str) -> tuple[str, ...]:
+    """Fields ``task`` ignores: t2i renders one still (no frames, no fps), and only i2v/v2v take inputs.
+
+    A caller that fills requests from shared defaults (a manifest's ``defaults``) leaves these unset.
+    """
+    still = ("frames", "fps") if task == "t2i" else ()
+    return (*still, *(name for t, name in INPUT_OF_TASK.items() if t != task))
+
+
+@dataclass(frozen=True)
+class RequestRules:
+    """The checkpoint's facts a request is checked against: its sampler, its VAE's compression factors and
+    whether it can generate sound (``cosmos3.config.read_sound_support``)."""
+
+    recipe: SamplingRecipe
+    spatial_factor: int  # width and height are multiples of it
+    temporal_factor: int  # a clip has temporal_factor*k + 1 frames
+    sound: SoundSupport = NO_SOUND
+
+    @classmethod
+    def from_checkpoint(cls, root: str | Path, transformer: Cosmos3Config) -> RequestRules:
+        """Read ``scheduler/``, ``vae/config.json`` and ``sound_tokenizer/`` of a checkpoint, without torch.
+
+        # Raises: CheckpointError or ConfigError when one is missing or unreadable.
+        """
+        path = Path(root) / "vae" / "config.json"
+        try:
+            vae = json.loads(path.read_text())
+            spatial, temporal = int(vae["scale_factor_spatial"]), int(vae["scale_factor_temporal"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: cannot read the VAE's scale_factor_spatial/temporal ({err!r})") from None
+        return cls(load_recipe(root), spatial, temporal, read_sound_support(root, transformer))
+
+
 @dataclass(frozen=True)
 class RenderPlan:
     """A request with every default filled in and every value checked."""
@@ -87,6 +129,7 @@ class RenderPlan:
     guidance_interval: tuple[float, float] | None
     image: Any
     video: Any
+
     sound_frames: int | None = None  # sound latent frames denoised with the video; None = a silent render
     sound_samples: int | None = None  # waveform samples of the clip's duration, frames / fps * rate
 
@@ -94,13 +137,22 @@ class RenderPlan:
     def is_video(self) -> bool:
         return self.frames > 1
 
+    def request(self) -> RenderRequest:
+        """The request with every default filled in: resolving it again gives this plan."""
+        return RenderRequest(
+            task=self.task, prompt=self.prompt, negative_prompt=self.negative_prompt, width=self.width,
+            height=self.height, frames=self.frames, fps=self.fps, steps=self.steps, guidance=self.guidance,
+            seed=self.seed, image=self.image, video=self.video, sound=self.sound_frames is not None,
+        )
+
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _is_finite_number(value) -> bool:
+    """A real number a sampler can use: nan and inf pass every comparison check, so they are refused here."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _or(value, default):
@@ -112,121 +164,122 @@ def _nearest_multiples(value: int, factor: int) -> str:
     return f"{factor}" if low == 0 else f"{low} or {low + factor}"
 
 
-def _check_size(problems: list[str], name: str, value, factor: int) -> None:
+def _check_size(value, factor: int) -> str | None:
     if not _is_int(value) or value <= 0:
-        problems.append(f"{name}: {value!r} is not a positive whole number of pixels")
-    elif value % factor:
-        problems.append(f"{name}: {value} is not a multiple of {factor} (use {_nearest_multiples(value, factor)})")
+        return f"{value!r} is not a positive whole number of pixels"
+    if value % factor:
+        return f"{value} is not a multiple of {factor} (use {_nearest_multiples(value, factor)})"
+    return None
 
 
-def _check_frames(problems: list[str], task: str, frames, temporal_factor: int) -> None:
+def _check_frames(task: str, frames, temporal_factor: int) -> str | None:
     if not _is_int(frames) or frames < 1:
-        problems.append(f"frames: {frames!r} is not a positive whole number")
-        return
+        return f"{frames!r} is not a positive whole number"
     if task == "t2i":
-        if frames != 1:
-            problems.append(f"frames: task t2i renders one frame, got frames={frames} (leave it unset, or use t2v)")
-        return
+        return None if frames == 1 else f"task t2i renders one frame, got frames={frames} (leave it unset, or use t2v)"
     if (frames - 1) % temporal_factor:
         low = (frames - 1) // temporal_factor * temporal_factor + 1
-        problems.append(
-            f"frames: {frames} is not {temporal_factor}k+1, which the VAE's {temporal_factor}x temporal "
-            f"compression needs (use {low} or {low + temporal_factor})"
-        )
-        return
+        return (f"{frames} is not {temporal_factor}k+1, which the VAE's {temporal_factor}x temporal "
+                f"compression needs (use {low} or {low + temporal_factor})")
     # Conditioned latent frames stay clean, so at least one latent frame must remain to denoise.
     clean = {"i2v": 1, "v2v": V2V_CONDITION_LATENT_FRAMES}.get(task, 0)
     minimum = clean * temporal_factor + 1
     if frames < minimum:
-        problems.append(
-            f"frames: task {task} keeps {clean} latent frame(s) from its input, so it needs frames >= {minimum}; "
-            f"got {frames}"
-        )
+        return (f"task {task} keeps {clean} latent frame(s) from its input, so it needs frames >= {minimum}; "
+                f"got {frames}")
+    return None
 
 
-def _check_inputs(problems: list[str], request: RenderRequest) -> None:
-    wanted = {"i2v": "image", "v2v": "video"}.get(request.task)
+def _check_text(value, *, required: bool) -> str | None:
+    if value is None and required:
+        return "required; describe what to render"
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if required and not value.strip():
+        return "empty; describe what to render"
+    return None
+
+
+def _check_inputs(request: RenderRequest) -> list[Problem]:
+    wanted = INPUT_OF_TASK.get(request.task)
+    problems = []
     for field in ("image", "video"):
         value = getattr(request, field)
         if field == wanted and value is None:
-            problems.append(f"{field}: task {request.task} needs an input {field} (set {field}=<path or array>)")
+            problems.append((field, f"task {request.task} needs an input {field} (set {field}=<path or array>)"))
         elif field != wanted and value is not None:
-            hint = {"image": "i2v", "video": "v2v"}[field]
-            problems.append(f"{field}: task {request.task} takes no {field} (drop it, or use task {hint})")
+            hint = next(task for task, name in INPUT_OF_TASK.items() if name == field)
+            problems.append((field, f"task {request.task} takes no {field} (drop it, or use task {hint})"))
         elif isinstance(value, (str, Path)) and not Path(value).is_file():
-            problems.append(f"{field}: no file at {value}")
-
-
-def _check_sampling(problems: list[str], request: RenderRequest, recipe: SamplingRecipe) -> None:
-    if recipe.is_distilled:
-        n = len(recipe.fixed_sigmas)
-        if request.steps not in (None, n):
-            problems.append(f"steps: this distilled checkpoint runs its fixed {n}-step schedule, got {request.steps}")
-        if request.guidance not in (None, 1.0):
-            problems.append(
-                f"guidance: this distilled checkpoint has guidance baked in (1.0), got {request.guidance}"
-            )
-        if request.negative_prompt:
-            problems.append("negative_prompt: a distilled checkpoint runs no unconditional pass; leave it empty")
-        return
-    if request.steps is not None and (not _is_int(request.steps) or request.steps < 1):
-        problems.append(f"steps: {request.steps!r} is not a positive whole number")
-    if request.guidance is not None and (not _is_number(request.guidance) or request.guidance < 0):
-        problems.append(f"guidance: {request.guidance!r} is not a number >= 0")
-
-
-def _check_sound(problems: list[str], request: RenderRequest, sound: SoundSupport) -> None:
-    if request.sound is None or request.sound is False:
-        return
-    if request.sound is not True:
-        problems.append(f"sound: expected true or false, got {request.sound!r}")
-    elif request.task == "t2i":
-        problems.append("sound: task t2i renders an image, which has no sound track (drop sound, or use a video task)")
-    elif sound.config is None:
-        problems.append(f"sound: this checkpoint cannot generate sound ({sound.missing}); set sound to false")
-
-
-def _collect_problems(
-    request: RenderRequest, recipe: SamplingRecipe, spatial: int, temporal: int, sound: SoundSupport
-) -> list[str]:
-    if request.task not in TASKS:
-        return [f"task: {request.task!r} is not one of {', '.join(TASKS)}"]
-    defaults = TASK_DEFAULTS[request.task]
-    problems: list[str] = []
-    for name in ("prompt", "negative_prompt"):
-        if not isinstance(getattr(request, name), str):
-            problems.append(f"{name}: expected a string, got {type(getattr(request, name)).__name__}")
-    _check_size(problems, "width", _or(request.width, defaults.width), spatial)
-    _check_size(problems, "height", _or(request.height, defaults.height), spatial)
-    _check_frames(problems, request.task, _or(request.frames, defaults.frames), temporal)
-    fps = _or(request.fps, defaults.fps)
-    if not _is_number(fps) or fps <= 0:
-        problems.append(f"fps: {fps!r} is not a number > 0")
-    if not _is_int(request.seed) or not 0 <= request.seed < 2**63:
-        problems.append(f"seed: {request.seed!r} is not a whole number in [0, 2**63)")
-    _check_sampling(problems, request, recipe)
-    _check_inputs(problems, request)
-    _check_sound(problems, request, sound)
+            problems.append((field, f"no file at {value}"))
     return problems
 
 
-NO_SOUND = SoundSupport(None, "no sound support was given")
+def _check_sampling(request: RenderRequest, recipe: SamplingRecipe) -> list[Problem]:
+    if recipe.is_distilled:
+        n = len(recipe.fixed_sigmas)
+        checks = [
+            ("steps", request.steps in (None, n),
+             f"this distilled checkpoint runs its fixed {n}-step schedule, got {request.steps}"),
+            ("guidance", request.guidance in (None, 1.0),
+             f"this distilled checkpoint has guidance baked in (1.0), got {request.guidance}"),
+            ("negative_prompt", not request.negative_prompt,
+             "a distilled checkpoint runs no unconditional pass; leave it empty"),
+        ]
+        return [(field, message) for field, ok, message in checks if not ok]
+    checks = [
+        ("steps", request.steps is None or (_is_int(request.steps) and request.steps >= 1),
+         f"{request.steps!r} is not a positive whole number"),
+        ("guidance", request.guidance is None or (_is_finite_number(request.guidance) and request.guidance >= 0),
+         f"{request.guidance!r} is not a finite number >= 0"),
+    ]
+    return [(field, message) for field, ok, message in checks if not ok]
 
 
-def resolve(
-    request: RenderRequest, recipe: SamplingRecipe, *, spatial_factor: int, temporal_factor: int,
-    sound: SoundSupport = NO_SOUND,
-) -> RenderPlan:
+def _check_sound(request: RenderRequest, sound: SoundSupport) -> str | None:
+    if request.sound is None or request.sound is False:
+        return None
+    if request.sound is not True:
+        return f"expected true or false, got {request.sound!r}"
+    if request.task == "t2i":
+        return "task t2i renders an image, which has no sound track (drop sound, or use a video task)"
+    if sound.config is None:
+        return f"this checkpoint cannot generate sound ({sound.missing}); set sound to false"
+    return None
+
+
+def problems(request: RenderRequest, rules: RequestRules) -> list[Problem]:
+    """Every problem of ``request`` on this checkpoint, as (field, message) pairs; empty when it renders."""
+    if request.task not in TASKS:
+        return [("task", f"{request.task!r} is not one of {', '.join(TASKS)}")]
+    defaults = TASK_DEFAULTS[request.task]
+    fps, seed = _or(request.fps, defaults.fps), request.seed
+    found = [
+        ("prompt", _check_text(request.prompt, required=True)),
+        ("negative_prompt", _check_text(request.negative_prompt, required=False)),
+        ("width", _check_size(_or(request.width, defaults.width), rules.spatial_factor)),
+        ("height", _check_size(_or(request.height, defaults.height), rules.spatial_factor)),
+        ("frames", _check_frames(request.task, _or(request.frames, defaults.frames), rules.temporal_factor)),
+        ("fps", None if _is_finite_number(fps) and fps > 0 else f"{fps!r} is not a finite number > 0"),
+        # torch.Generator.manual_seed takes a signed 64-bit seed.
+        ("seed", None if _is_int(seed) and 0 <= seed < 2**63 else f"{seed!r} is not a whole number in [0, 2**63)"),
+        ("sound", _check_sound(request, rules.sound)),
+    ]
+    found = [(f, m) for f, m in found if m]
+    return found + _check_sampling(request, rules.recipe) + _check_inputs(request)
+
+
+def resolve(request: RenderRequest, rules: RequestRules) -> RenderPlan:
     """Fill in the task defaults and check everything; raises ``PipelineError`` listing every problem.
 
-    ``sound`` is the checkpoint's (``cosmos3.config.read_sound_support``): an unset ``request.sound``
-    follows it, ``sound=True`` on a checkpoint without it is refused.
+    An unset ``request.sound`` follows the checkpoint (``rules.sound``); ``sound=True`` on a checkpoint
+    without it is refused.
     """
-    problems = _collect_problems(request, recipe, spatial_factor, temporal_factor, sound)
-    if problems:
-        header = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
-        raise PipelineError(f"{header} in render request:\n" + "\n".join(f"  {p}" for p in problems))
+    found = problems(request, rules)
+    if found:
+        raise PipelineError.listing("render request", found)
     defaults = TASK_DEFAULTS[request.task]
+    recipe, sound = rules.recipe, rules.sound
     distilled = recipe.is_distilled
     frames, fps = _or(request.frames, defaults.frames), float(_or(request.fps, defaults.fps))
     audible = sound.config is not None and request.task != "t2i" and request.sound is not False

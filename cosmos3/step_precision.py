@@ -124,7 +124,7 @@ def resolve_policy(quant: QuantConfig | None, override: str | dict | None = "aut
     if isinstance(override, dict):
         unknown = set(override) - {"first", "last", "reasoner"}
         if unknown or not {"first", "last"} <= set(override):
-            raise ConfigError(f"step_precision override must be {{first, last[, reasoner]}}, got {override!r}")
+            raise ConfigError(f"an override must be {{first, last[, reasoner]}}, got {override!r}")
         policy = {
             "first_steps": {"count": override["first"], "mode": "a16"},
             "last_steps": {"count": override["last"], "mode": "a16"},
@@ -132,7 +132,7 @@ def resolve_policy(quant: QuantConfig | None, override: str | dict | None = "aut
         reasoner = override.get("reasoner", checkpoint_policy.reasoner if checkpoint_policy else "native")
         parsed = parse_policy({**_published_shape(), **policy, "reasoner": reasoner})
         return StepPolicy(parsed.first, parsed.last, parsed.reasoner, source="override")
-    raise ConfigError(f"step_precision must be 'auto', 'off' or {{first, last}}, got {override!r}")
+    raise ConfigError(f"must be 'auto', 'off' or {{first, last[, reasoner]}}, got {override!r}")
 
 
 def _published_shape() -> dict:
