@@ -97,11 +97,14 @@ class RequestRules:
     sound: SoundSupport = NO_SOUND
 
     @classmethod
-    def from_checkpoint(cls, root: str | Path, transformer: Cosmos3Config) -> RequestRules:
+    def from_checkpoint(cls, root: str | Path, transformer: Cosmos3Config | None = None) -> RequestRules:
         """Read ``scheduler/``, ``vae/config.json`` and ``sound_tokenizer/`` of a checkpoint, without torch.
 
+        ``transformer``: its parsed ``transformer/config.json``, read here when not given.
         # Raises: CheckpointError or ConfigError when one is missing or unreadable.
         """
+        if transformer is None:
+            transformer = Cosmos3Config.from_json(Path(root) / "transformer" / "config.json")
         path = Path(root) / "vae" / "config.json"
         try:
             vae = json.loads(path.read_text())

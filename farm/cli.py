@@ -18,6 +18,7 @@ from typing import Any, Callable
 from farm import driver, lease, manifest as manifests, storage
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
+from farm.job import Job
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
 
@@ -87,10 +88,11 @@ def do_plan(args: argparse.Namespace) -> Result:
     return Result(True, "\n".join([header, _table(rows)]), {"manifest": m.path, "jobs": rows})
 
 
-def _plan_row(m: manifests.Manifest, job: manifests.Job) -> dict[str, Any]:
+def _plan_row(m: manifests.Manifest, job: Job) -> dict[str, Any]:
+    r = job.request
     return {
-        "key": job.key, "task": job.task, "size": f"{job.width}x{job.height}", "frames": job.frames,
-        "steps": job.steps, "seed": job.seed, "priority": job.priority,
+        "key": job.key, "task": r.task, "size": f"{r.width}x{r.height}", "frames": r.frames,
+        "steps": r.steps, "seed": r.seed, "priority": job.priority,
         "state": "done" if storage.is_done(job) else "todo",
         "output": str(Path(job.media).relative_to(m.output_root)),
     }
@@ -140,7 +142,9 @@ def _report_result(report: driver.RunReport) -> Result:
     lines = [f"{report.manifest.name}: {c['done']} done, {c['failed']} failed, {c['pending']} pending, "
              f"{c['skipped']} skipped (already done) in {report.seconds:.1f}s"]
     failures = {k: o for k, o in report.outcomes.items() if o.state != "done"}
-    lines += [f"  {key} ({o.state}, {o.attempts} attempts): {o.error or 'not run'}" for key, o in failures.items()]
+    # An error keeps all its lines (a refused request lists every problem), indented under its job.
+    lines += ["  " + f"{key} ({o.state}, {o.attempts} attempts): {o.error or 'not run'}".replace("\n", "\n    ")
+              for key, o in failures.items()]
     if report.error:
         lines.append(f"error: {report.error}")
     elif report.interrupted:
@@ -163,7 +167,7 @@ def _report_result(report: driver.RunReport) -> Result:
 def do_status(args: argparse.Namespace) -> Result:
     states = storage.read_states(args.output_root)
     if not states:
-        expected = f"{manifests.RECORDS_DIR}/<name>/state.json"
+        expected = f"{storage.RECORDS_DIR}/<name>/state.json"
         raise StateError(f"no farm records under {args.output_root} (expected {expected})")
     rows = [_status_row(args.output_root, name, state) for name, state in states.items()]
     return Result(True, _table(rows), {"manifests": rows})

@@ -20,7 +20,7 @@ except ImportError:  # a Ray without token authentication
     authentication_token_setup = None
 
 from farm.errors import ClusterError
-from farm.manifest import ModelSpec
+from farm.job import ModelSpec
 from farm.scheduler import Capacity, Launch
 from worker.actor import PipelineFactory, RenderWorker
 

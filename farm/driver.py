@@ -21,6 +21,7 @@ import structlog
 from farm import cluster, lease, storage
 from farm.errors import FarmError
 from farm.events import RunLog
+from farm.job import JobState
 from farm.manifest import Manifest
 from farm.metrics import RunMetrics
 from farm.scheduler import Outcome, Scheduler, Settings
@@ -58,7 +59,7 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return not self.error and not self.interrupted and all(o.state == "done" for o in self.outcomes.values())
+        return not self.error and not self.interrupted and all(o.state is JobState.DONE for o in self.outcomes.values())
 
 
 def new_run_id() -> str:
@@ -80,7 +81,7 @@ def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
         report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
         skipped = set(report.skipped)
         todo = [job for job in jobs if job.key not in skipped]
-        report.outcomes = {job.key: Outcome("pending") for job in todo}
+        report.outcomes = {job.key: Outcome(JobState.PENDING) for job in todo}
         try:
             if todo:
                 _render(manifest, todo, options, report)
@@ -154,8 +155,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _counts(report: RunReport) -> dict[str, int]:
     states = [o.state for o in report.outcomes.values()]
-    return {"done": states.count("done"), "failed": states.count("failed"), "pending": states.count("pending"),
-            "skipped": len(report.skipped)}
+    return {**{state.value: states.count(state) for state in JobState}, "skipped": len(report.skipped)}
 
 
 def _result(report: RunReport) -> str:
@@ -190,12 +190,13 @@ def _write_state(report: RunReport, result: str) -> None:
     previous = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("jobs", {})
     jobs = {}
     for job in manifest.jobs:
-        entry = {"media": job.media, "config_hash": job.config_hash, "state": "pending", "attempts": 0, "error": None}
+        entry = {"media": job.media, "config_hash": job.config_hash, "state": JobState.PENDING, "attempts": 0,
+                 "error": None}
         old = previous.get(job.key, {})
         if old.get("config_hash") == job.config_hash:
             entry.update({k: old[k] for k in ("state", "attempts", "error") if k in old})
         if job.key in report.skipped:
-            entry.update(state="done", attempts=0, error=None)
+            entry.update(state=JobState.DONE, attempts=0, error=None)
         elif job.key in report.outcomes:
             outcome = report.outcomes[job.key]
             entry.update(state=outcome.state, attempts=outcome.attempts, error=outcome.error)

@@ -47,7 +47,7 @@ class StateError(FarmError):
 
 
 class WorkerConfigError(FarmError):
-    """A worker refuses its model configuration (defence in depth behind manifest validation)."""
+    """A worker refuses to start because its node is not set up as the farm assigned it (e.g. GPU visibility)."""
 
 
 class StorageFault(FarmError):

@@ -1,4 +1,5 @@
-"""Checkers for manifest values: each takes the raw YAML value and returns the clean one or raises `Invalid`.
+"""Checkers for what the farm itself reads from a manifest: each takes the raw YAML value and returns the
+clean one or raises `Invalid`. Model and request fields are not checked here but by cosmos3.
 
 The message of `Invalid` is the rule, written to follow `<field>: ` in an error line.
 """
@@ -35,17 +36,6 @@ def integer(minimum: int | None = None) -> Checker:
     return check
 
 
-def number(minimum: float, *, inclusive: bool = True) -> Checker:
-    def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise Invalid(f"expected a number, {_got(value)}")
-        if value < minimum or (not inclusive and value == minimum):
-            raise Invalid(f"must be {'at least' if inclusive else 'above'} {minimum}, got {value}")
-        return float(value)
-
-    return check
-
-
 def text(*, required: bool = False) -> Checker:
     def check(value: Any) -> str:
         if not isinstance(value, str):
@@ -57,22 +47,14 @@ def text(*, required: bool = False) -> Checker:
     return check
 
 
-def choice(options: tuple[str, ...]) -> Checker:
-    def check(value: Any) -> str:
-        if value not in options:
-            raise Invalid(f"must be one of {', '.join(options)}; got {value!r}")
-        return value
-
-    return check
+def anything(value: Any) -> Any:
+    """A value checked elsewhere (by cosmos3), passed on as written."""
+    return value
 
 
-def step_precision(value: Any) -> str:
-    # YAML 1.1 reads a bare `off` as false; `step_precision: off` must still mean "off".
-    if isinstance(value, bool):
-        if value:
-            raise Invalid("must be one of auto, off; got on/true")
-        return "off"
-    return choice(("auto", "off"))(value)
+def yaml_off(value: Any) -> Any:
+    """YAML 1.1 reads a bare `off` as false: `step_precision: off` must still mean "off"."""
+    return "off" if value is False else value
 
 
 def identifier(value: Any) -> str:
@@ -81,15 +63,11 @@ def identifier(value: Any) -> str:
     return value
 
 
-def size(value: Any) -> tuple[int, int]:
-    """`[width, height]`, both positive multiples of 16 (the VAE and patch size divide by 16)."""
+def pair(value: Any) -> tuple[Any, Any]:
+    """`[width, height]`; the sides themselves are cosmos3's to check."""
     if not isinstance(value, list) or len(value) != 2:
         raise Invalid(f"expected [width, height], {_got(value)}")
-    sides = [integer(1)(side) for side in value]
-    for side in sides:
-        if side % 16:
-            raise Invalid(f"{side} is not a multiple of 16")
-    return sides[0], sides[1]
+    return value[0], value[1]
 
 
 def duration(value: Any) -> float:
@@ -106,19 +84,12 @@ def duration(value: Any) -> float:
     return float(total)
 
 
-def seeds(value: Any) -> tuple[int, ...]:
+def seeds(value: Any) -> tuple[Any, ...]:
+    """A sweep: a non-empty list without repeats; each seed is cosmos3's to check."""
     if not isinstance(value, list) or not value:
         raise Invalid(f"expected a non-empty list of seeds, {_got(value)}")
-    clean = tuple(integer(0)(seed) for seed in value)
-    if len(set(clean)) < len(clean):
-        repeated = min(seed for seed, count in collections.Counter(clean).items() if count > 1)
+    counts = collections.Counter(map(repr, value))  # linear, and repr is hashable for any YAML value
+    if len(counts) < len(value):
+        repeated = next(seed for seed in value if counts[repr(seed)] > 1)
         raise Invalid(f"seed {repeated} is listed twice")
-    return clean
-
-
-def video_frames(value: int) -> int:
-    """The Wan VAE encodes a first frame plus groups of 4, so a clip has 4k+1 frames."""
-    if value % 4 != 1:
-        lower = value - (value - 1) % 4
-        raise Invalid(f"{value} is not 4k+1 frames (the VAE encodes 1 + 4k frames); use {lower} or {lower + 4}")
-    return value
+    return tuple(value)

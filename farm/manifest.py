@@ -1,102 +1,61 @@
 """Render manifest v1: YAML -> validated, fully resolved `Job`s.
 
 `load()` checks everything before Ray starts and reports every problem at once, each with
-`file:line`, the job and the field (`city.yaml:14: jobs[2] (id=extend) -> size: 1000 is not a multiple of 16`).
-Defaults resolve job field -> manifest `defaults` -> the task's built-in default (reference §4.3); paths
-resolve against the manifest's folder; a sweep (`seeds: [1, 2, 3]`) becomes one job per seed.
+`file:line`, the job and the field (`city.yaml:14: jobs[2] (id=extend) -> size[0] (width): 1000 is not a
+multiple of 16 (use 992 or 1008)`). The rules of the model are cosmos3's own, torch-free: the `model`
+section goes through `cosmos3.load_options` and every job's request through `cosmos3.request`, the very
+checks a worker's pipeline runs, so a manifest that validates renders; this module only says where in
+the YAML each (field, message) pair cosmos3 reports comes from. Defaults resolve job field -> manifest
+`defaults` -> cosmos3's task default; paths resolve against the manifest's folder; a sweep
+(`seeds: [1, 2, 3]`) becomes one job per seed.
+
+A new field needs no rule here: a `LoadOptions` field is a `model:` key and a `RenderRequest` field a
+job key, passed through as written and checked by cosmos3. Only a field whose YAML spelling differs
+from its name needs a line in `_YAML_KEY` (or `_READ_MODEL_KEY` for YAML's own quirks).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
-import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from farm import checkpoint, fields, template as templates
-from farm import document
+from cosmos3 import load_options, request as requests
+from cosmos3.config import Cosmos3Config, uses_static_fp8
+from cosmos3.errors import CheckpointError, ConfigError, Problem as FieldProblem
+from cosmos3.load_options import LoadOptions
+from cosmos3.request import RenderRequest, RequestRules
+from farm import document, fields, template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
+from farm.job import Job, ModelSpec, config_hash, fingerprint
+from farm.storage import RECORDS_DIR
 
 VERSION = 1
-TASKS = ("t2v", "t2i", "i2v", "v2v")
-PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size")
-RECORDS_DIR = ".farm"  # farm's own records inside output.root; templates may not write there
+DEFAULT_TASK = "t2v"  # a job that names no task renders a clip
+
+_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(RenderRequest))
+_LOAD_OPTIONS = tuple(f.name for f in dataclasses.fields(LoadOptions))
+# Request fields a manifest spells differently: `size: [width, height]`.
+_YAML_KEY: dict[str, Path_] = {"width": ("size", 0), "height": ("size", 1)}
+# Model keys whose YAML value needs reading first: YAML 1.1 turns a bare `off` into false.
+_READ_MODEL_KEY: dict[str, fields.Checker] = {"step_precision": fields.yaml_off}
+_INPUT_FIELDS = ("image", "video")  # file paths, resolved against the manifest's folder
 
 _TOP_KEYS = {"version": True, "name": True, "model": True, "output": True, "defaults": False, "jobs": True}
-_MODEL_KEYS = {"checkpoint": True, "precision": False, "step_precision": False, "parallel": False}
+_MODEL_KEYS = {"checkpoint": True, **dict.fromkeys(_LOAD_OPTIONS, False)}
 _OUTPUT_KEYS = {"root": True, "path": False}
-
-# Fields a job (or `defaults`) may set, with their checkers.
-_JOB_FIELDS: dict[str, fields.Checker] = {
-    "task": fields.choice(TASKS),
-    "prompt": fields.text(required=True),
-    "negative_prompt": fields.text(),
-    "steps": fields.integer(1),
-    "guidance": fields.number(0.0),
-    "size": fields.size,
-    "frames": fields.integer(1),
-    "fps": fields.number(0.0, inclusive=False),
-    "seed": fields.integer(0),
-    "retries": fields.integer(0),
-    "timeout": fields.duration,
-    "priority": fields.integer(),
-    "image": fields.text(required=True),
-    "video": fields.text(required=True),
+# What the farm itself does with a job (cosmos3 never sees these), with their checkers and defaults.
+_RUN_FIELDS: dict[str, tuple[fields.Checker, Any]] = {
+    "retries": (fields.integer(0), 2),
+    "timeout": (fields.duration, 1800.0),
+    "priority": (fields.integer(), 0),
 }
-
-# Built-in defaults, by task (reference §4.3); a manifest's `defaults` block overrides them.
-_COMMON = {"task": "t2v", "negative_prompt": "", "seed": 0, "retries": 2, "timeout": 1800.0, "priority": 0}
-_VIDEO = {"steps": 35, "guidance": 6.0, "size": (1280, 720), "frames": 189, "fps": 24.0}
-_IMAGE = {"steps": 50, "guidance": 7.0, "size": (1024, 1024), "frames": 1, "fps": 24.0}
-_INPUT_OF_TASK = {"i2v": "image", "v2v": "video"}  # the conditioning file each task needs
-_VIDEO_ONLY = ("frames", "fps")  # meaningless for t2i: a t2i job may not set them, inherited ones are dropped
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What every worker loads, once."""
-
-    checkpoint: str  # absolute path of the checkpoint root
-    precision: str  # auto | bf16 | fp8-dynamic
-    step_precision: str  # auto | off
-    parallel: dict[str, int]
-    static_fp8: bool
-    fingerprint: str  # farm.checkpoint.fingerprint(): configs, indexes, shard sizes
-
-
-@dataclass(frozen=True)
-class Job:
-    """One render: a manifest job, or one seed of a sweep, with every value resolved."""
-
-    key: str  # unique in the manifest: the id, or `id@seed` for a sweep
-    id: str
-    order: int  # manifest order; ties in priority go to the earlier job
-    task: str
-    prompt: str
-    negative_prompt: str
-    width: int
-    height: int
-    frames: int
-    fps: float
-    steps: int
-    guidance: float
-    seed: int
-    image: str | None  # absolute path, i2v only
-    video: str | None  # absolute path, v2v only
-    priority: int
-    retries: int  # attempts after the first
-    timeout: float  # seconds per attempt
-    media: str  # absolute path of the PNG or MP4 this job publishes
-    config_hash: str  # everything that changes the pixels; a sidecar with another hash is not "done"
-
-    def request(self) -> dict[str, Any]:
-        """The keyword arguments of `cosmos3.pipeline.RenderRequest`."""
-        keys = ("task", "prompt", "negative_prompt", "width", "height", "frames", "fps", "steps", "guidance", "seed")
-        return {**{k: getattr(self, k) for k in keys}, "image": self.image, "video": self.video}
+_JOB_KEYS = tuple(dict.fromkeys([*(_YAML_KEY.get(f, (f,))[0] for f in _REQUEST_FIELDS), *_RUN_FIELDS]))
 
 
 @dataclass(frozen=True)
@@ -107,6 +66,15 @@ class Manifest:
     model: ModelSpec
     output_root: str  # absolute
     jobs: tuple[Job, ...]
+
+
+@dataclass(frozen=True)
+class _Model:
+    """The model section as the resolver needs it: the spec workers load (None when its options are wrong)
+    and the rules jobs are checked by, which only need a readable checkpoint."""
+
+    spec: ModelSpec | None
+    rules: RequestRules
 
 
 def load(path: str | os.PathLike) -> Manifest:
@@ -129,11 +97,17 @@ class _Resolver:
         self.problems: list[Problem] = []
         self.job_ids: dict[int, str] = {}
         self._input_hashes: dict[str, str] = {}
-        self._schedule: dict = {}  # a distilled checkpoint's fixed steps and baked-in guidance
         self._fine_folders: set[Path] = set()  # output folders inside the root, out of its records
 
     def error(self, path: Path_, message: str) -> None:
         self.problems.append(Problem(self.doc.line(path), format_path(path, self.job_ids), message))
+
+    def field_error(self, path: Path_, problem: FieldProblem) -> None:
+        """A cosmos3 (field, message) at the YAML `path` its value came from; the message names the field
+        unless the path already ends in it, so every line ends with cosmos3's own `field: message`."""
+        field, message = problem
+        named = tuple(field.split("."))  # `parallel.tp_size` ends the path model -> parallel -> tp_size
+        self.error(path, message if path[-len(named):] == named else f"{field}: {message}")
 
     def resolve(self) -> Manifest:
         for path, line, message in self.doc.problems:
@@ -160,9 +134,9 @@ class _Resolver:
         defaults = self._defaults(self._section(top, "defaults"))
         raw_jobs = self._job_list(top)
         jobs = self._jobs(raw_jobs, defaults, model, name, root, template)
-        if None in (name, model, root) or self.problems:
+        if None in (name, model, root) or model.spec is None or self.problems:
             return None
-        return Manifest(str(self.path), name, self.sha256, model, str(root), tuple(jobs))
+        return Manifest(str(self.path), name, self.sha256, model.spec, str(root), tuple(jobs))
 
     def _section(self, top: dict, key: str) -> dict | None:
         """The mapping under `key`; None when it is missing (already reported if required) or not a mapping."""
@@ -172,28 +146,26 @@ class _Resolver:
             return None
         return value
 
-    def _model(self, raw: dict | None) -> ModelSpec | None:
+    def _model(self, raw: dict | None) -> _Model | None:
         if raw is None:
             return None
         self._keys(raw, ("model",), _MODEL_KEYS)
-        precision = self._value(raw, ("model", "precision"), fields.choice(("auto", "bf16", "fp8-dynamic")), "auto")
-        steps = self._value(raw, ("model", "step_precision"), fields.step_precision, "auto")
-        parallel = self._parallel(raw.get("parallel", {}))
-        ckpt = self._checkpoint(raw)
-        # `precision: auto` runs what the checkpoint holds; bf16 / fp8-dynamic do not use its static scales.
-        static = ckpt is not None and checkpoint.uses_static_fp8(ckpt[1])
-        if static and precision in ("bf16", "fp8-dynamic"):
-            self.error(("model", "precision"), f"{precision} would re-quantize this static FP8 checkpoint's "
-                                               "calibrated weights; use auto")
-        if ckpt is not None and (steps_fixed := checkpoint.distilled_steps(ckpt[0])) is not None:
-            self._schedule = {"steps": steps_fixed, "guidance": 1.0}
-        if parallel is not None:
-            self._check_parallel(parallel, static)
-        if ckpt is None or None in (precision, steps, parallel):
+        read = {key: self._value(raw, ("model", key), _READ_MODEL_KEY.get(key, fields.anything))
+                for key in _LOAD_OPTIONS if key in raw}
+        options = LoadOptions(**read)
+        checkpoint = self._checkpoint(raw)
+        if checkpoint is None:
             return None
-        return ModelSpec(str(ckpt[0]), precision, steps, parallel, static, checkpoint.fingerprint(ckpt[0]))
+        root, config, rules = checkpoint
+        found = load_options.problems(config, options)
+        for problem in found:
+            self.field_error(("model", *problem[0].split(".")), problem)
+        self._one_gpu_per_worker(options, found)
+        spec = ModelSpec(str(root), options, uses_static_fp8(config), fingerprint(root))
+        return _Model(None if found else spec, rules)
 
-    def _checkpoint(self, raw: dict) -> tuple[Path, dict] | None:
+    def _checkpoint(self, raw: dict) -> tuple[Path, Cosmos3Config, RequestRules] | None:
+        """The checkpoint's root, config and request rules, read by cosmos3 as a worker reads them."""
         where = ("model", "checkpoint")
         value = self._value(raw, where, fields.text(required=True))
         if value is None:
@@ -202,31 +174,23 @@ class _Resolver:
         if not root.is_dir():
             self.error(where, f"{value} is not a directory (resolved to {root})")
             return None
+        root = root.resolve()
         try:
-            return root.resolve(), checkpoint.read_transformer_config(root)
-        except (OSError, ValueError) as err:
-            self.error(where, f"cannot read {checkpoint.TRANSFORMER_CONFIG} of {value}: {err}")
+            config = Cosmos3Config.from_json(root / "transformer" / "config.json")
+            return root, config, RequestRules.from_checkpoint(root, config)
+        except (ConfigError, CheckpointError) as err:
+            self.error(where, str(err))
             return None
 
-    def _parallel(self, raw: Any) -> dict[str, int] | None:
-        where = ("model", "parallel")
-        if not isinstance(raw, dict):
-            self.error(where, f"expected a mapping of {', '.join(PARALLEL_AXES)}")
-            return None
-        self._keys(raw, where, {axis: False for axis in PARALLEL_AXES})
-        sizes = {axis: self._value(raw, (*where, axis), fields.integer(1), 1) for axis in PARALLEL_AXES}
-        return None if None in sizes.values() else sizes
-
-    def _check_parallel(self, parallel: dict[str, int], static_fp8: bool) -> None:
-        # A worker owns exactly one GPU (num_gpus=1); static FP8 additionally cannot be sharded at all.
-        for axis, size in parallel.items():
-            if size == 1:
-                continue
-            if static_fp8:
-                reason = f"static FP8 runs one GPU per worker; got parallel.{axis}={size} (set it to 1)"
-            else:
-                reason = f"the farm runs one GPU per worker; parallel.{axis}={size} is not supported (set it to 1)"
-            self.error(("model", "parallel", axis), reason)
+    def _one_gpu_per_worker(self, options: LoadOptions, found: list[FieldProblem]) -> None:
+        """The farm's own rule: a worker owns exactly one GPU (num_gpus=1), so no axis can be above 1."""
+        refused = {field for field, _ in found}
+        if not isinstance(options.parallel, dict):
+            return  # None, or refused by cosmos3
+        for axis, size in options.parallel.items():
+            if size != 1 and f"parallel.{axis}" not in refused:
+                self.error(("model", "parallel", axis),
+                           f"the farm runs one GPU per worker; parallel.{axis}={size} is not supported (set it to 1)")
 
     def _output(self, raw: dict | None) -> tuple[Path | None, str | None]:
         if raw is None:
@@ -257,10 +221,13 @@ class _Resolver:
         return True
 
     def _defaults(self, raw: dict | None) -> dict[str, Any]:
+        """The `defaults` block as written. The farm's own fields are checked here; request fields are
+        cosmos3's to check, in each job that inherits them."""
         raw = raw or {}
-        self._keys(raw, ("defaults",), dict.fromkeys(_JOB_FIELDS, False))
-        values = {k: self._value(raw, ("defaults", k), check) for k, check in _JOB_FIELDS.items() if k in raw}
-        return {k: v for k, v in values.items() if v is not None}
+        self._keys(raw, ("defaults",), dict.fromkeys(_JOB_KEYS, False))
+        for key, (check, _) in _RUN_FIELDS.items():
+            self._value(raw, ("defaults", key), check)
+        return raw
 
     def _job_list(self, top: dict) -> list:
         raw = top.get("jobs", [])
@@ -274,7 +241,7 @@ class _Resolver:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def _jobs(self, raw_jobs: list, defaults: dict, model, name, root, template) -> list[Job]:
+    def _jobs(self, raw_jobs: list, defaults: dict, model: _Model | None, name, root, template) -> list[Job]:
         first_line: dict[str, int] = {}
         owners: dict[str, str] = {}  # media path -> key of the job writing it
         jobs: list[Job] = []
@@ -283,14 +250,18 @@ class _Resolver:
             if not isinstance(raw, dict):
                 self.error(where, f"a job is a mapping with at least id and prompt, got {type(raw).__name__}")
                 continue
-            self._keys(raw, where, {**dict.fromkeys(_JOB_FIELDS, False), "id": True, "seeds": False})
+            self._keys(raw, where, {**dict.fromkeys(_JOB_KEYS, False), "id": True, "seeds": False})
             job_id = self._unique_id(raw, where, first_line)
-            values = self._job_values(raw, where, defaults)
+            run = self._run_fields(raw, where, defaults)
+            values, shaped = self._request_values(raw, where, defaults)
             sweep = self._seeds(raw, where)
-            if values is None or job_id is None or None in (model, name, root, template):
+            if model is None:
+                continue  # no checkpoint to check requests against (the model section's problems are reported)
+            requests_ = [self._request(values, where, seed, model.rules) for seed in sweep]
+            if not shaped or None in requests_ or None in (model.spec, job_id, run, name, root, template):
                 continue
-            for seed in sweep:
-                job = self._job(job_id, len(jobs), seed, values, model, name, root, template)
+            for seed, request in zip(sweep, requests_, strict=True):
+                job = self._job(job_id, len(jobs), seed, request, run, model.spec, name, root, template)
                 self._claim_media(job, where, owners, root)
                 jobs.append(job)
         return jobs
@@ -319,92 +290,90 @@ class _Resolver:
             self.error(where, f"writes {relative}, as job {owners[job.media]} does ({fix})")
         owners.setdefault(job.media, job.key)
 
-    def _job_values(self, raw: dict, where: Path_, defaults: dict) -> dict | None:
-        """The job's resolved values, or None when any is wrong (every problem is still reported)."""
-        checked = {k: self._value(raw, (*where, k), check) for k, check in _JOB_FIELDS.items() if k in raw}
-        explicit = {k: v for k, v in checked.items() if v is not None}
-        ok = len(explicit) == len(checked)
-        task = explicit.get("task", defaults.get("task", _COMMON["task"]))
-        builtin = {**_COMMON, **(_IMAGE if task == "t2i" else _VIDEO), **self._schedule}
-        values = {**builtin, **defaults, **explicit}
-        for key, fixed in self._schedule.items():
-            if values[key] != fixed:
-                self.error((*where, key), f"{values[key]} on a distilled checkpoint, which runs its fixed "
-                                          f"{self._schedule['steps']}-step schedule with guidance 1.0 "
-                                          f"(remove {key}, or set it to {fixed})")
-                ok = False
-        if self._schedule and values.get("negative_prompt"):
-            self.error((*where, "negative_prompt"), "a distilled checkpoint runs without CFG: remove negative_prompt")
-            ok = False
-        if "prompt" not in values and "prompt" not in checked:
-            self.error(where, "prompt: required")
-            ok = False
-        if "task" in checked and "task" not in explicit:
-            return None  # a wrong task: its task-specific checks would only add noise
-        return values if self._task_fields(values, explicit, task, where, builtin) and ok else None
+    def _run_fields(self, raw: dict, where: Path_, defaults: dict) -> dict | None:
+        """retries, timeout and priority: the job's, else `defaults`', else the farm's; None if any is wrong."""
+        run = {}
+        for key, (check, default) in _RUN_FIELDS.items():
+            source = raw if key in raw else defaults
+            origin = (*where, key) if key in raw else ("defaults", key)
+            run[key] = self._value(source, origin, check, default)
+        return None if None in run.values() else run
 
-    def _task_fields(self, values: dict, explicit: dict, task: str, where: Path_, builtin: dict) -> bool:
+    def _request_values(self, raw: dict, where: Path_, defaults: dict) -> tuple[dict[str, tuple[Any, Path_]], bool]:
+        """Each request field a job sets, or inherits from `defaults`, with the YAML path it came from, and
+        whether the YAML shapes were right (a `size` of [width, height], file paths as strings).
+
+        Inherited fields the job's task ignores (`frames` on a t2i job, `image` on a t2v one) are left to the
+        task's default, as are fields set nowhere.
+        """
+        task = raw.get("task", defaults.get("task", DEFAULT_TASK))
+        unused = requests.unused_fields(task) if task in requests.TASKS else ()
+        named = "task" in raw or "task" in defaults
+        values: dict[str, tuple[Any, Path_]] = {"task": (task, self._origin(raw, where, "task") if named else where)}
         ok = True
-        for key in ("image", "video"):
-            if key in explicit and _INPUT_OF_TASK.get(task) != key:
-                self.error((*where, key), f"only {_task_taking(key)} jobs take {key}; this job's task is {task}")
-                ok = False
-            elif _INPUT_OF_TASK.get(task) != key:
-                values[key] = None  # inherited from defaults, not used by this task
-        needed = _INPUT_OF_TASK.get(task)
-        if needed:
-            values[needed] = self._input_file(values.get(needed), where, needed, key_in_job=needed in explicit)
-            ok = ok and values[needed] is not None
-        if task == "t2i":
-            ok = self._image_only(values, explicit, where, builtin) and ok
-        else:
-            frames = self._checked(fields.video_frames, values["frames"], self._origin(explicit, where, "frames"))
-            ok = ok and frames is not None
-        return ok
+        for key in _JOB_KEYS:
+            if key in _RUN_FIELDS or key == "task" or (key not in raw and (key not in defaults or key in unused)):
+                continue
+            origin = self._origin(raw, where, key)
+            value = raw[key] if key in raw else defaults[key]
+            if key == "size":
+                ok = self._size(value, origin, values) and ok
+            elif key in _INPUT_FIELDS:
+                path = self._checked(fields.text(required=True), value, origin)
+                if path is None:
+                    ok = False
+                else:
+                    values[key] = (str((self.base / path).resolve()), origin)
+            else:
+                values[key] = (value, origin)
+        return values, ok
 
-    def _image_only(self, values: dict, explicit: dict, where: Path_, builtin: dict) -> bool:
-        bad = [k for k in _VIDEO_ONLY if k in explicit and not (k == "frames" and explicit[k] == 1)]
-        for key in bad:
-            self.error((*where, key), f"a t2i job renders one image; remove {key}")
-        values.update({k: builtin[k] for k in _VIDEO_ONLY})
-        return not bad
+    def _size(self, value: Any, origin: Path_, values: dict) -> bool:
+        sides = self._checked(fields.pair, value, origin)
+        if sides is None:
+            return False
+        for field, side in zip(("width", "height"), sides, strict=True):
+            values[field] = (side, (*origin, _YAML_KEY[field][1]))
+        return True
 
-    def _origin(self, explicit: dict, where: Path_, key: str) -> Path_:
-        """Where a resolved value came from: the job when it set it, else `defaults`."""
-        return (*where, key) if key in explicit else ("defaults", key)
+    def _origin(self, raw: dict, where: Path_, key: str) -> Path_:
+        """Where a value came from: the job when it set it, else `defaults`."""
+        return (*where, key) if key in raw else ("defaults", key)
 
-    def _input_file(self, value: str | None, where: Path_, key: str, key_in_job: bool) -> str | None:
-        if value is None:
-            self.error(where, f"{key}: required for {_task_taking(key)} jobs")
+    def _request(self, values: dict, where: Path_, seed: tuple[Any, Path_] | None, rules: RequestRules
+                 ) -> RenderRequest | None:
+        """The job's request checked by cosmos3, every value resolved; None (problems reported) if refused."""
+        if seed is not None:
+            values = {**values, "seed": seed}
+        kwargs = {field: value for field, (value, _) in values.items()}
+        request = RenderRequest(**{"prompt": None, **kwargs})
+        found = requests.problems(request, rules)
+        for problem in found:
+            origin = values.get(problem[0], (None, where))[1]
+            self.field_error(origin, problem)
+        if found:
             return None
-        path = (self.base / value).resolve()
-        if not path.is_file():
-            self.error((*where, key) if key_in_job else ("defaults", key), f"{value} not found (resolved to {path})")
-            return None
-        return str(path)
+        return requests.resolve(request, rules).request()
 
-    def _seeds(self, raw: dict, where: Path_) -> list[int | None]:
-        """None for a single job (its seed is `values["seed"]`), else one entry per seed of the sweep."""
+    def _seeds(self, raw: dict, where: Path_) -> list[tuple[int, Path_] | None]:
+        """[None] for a single job (its seed is a request field), else each seed of the sweep with its path."""
         if "seeds" not in raw:
             return [None]
         if "seed" in raw:
             self.error((*where, "seeds"), "set seed or seeds, not both")
             return []
         sweep = self._value(raw, (*where, "seeds"), fields.seeds)
-        return list(sweep) if sweep else []
+        return [(seed, (*where, "seeds", i)) for i, seed in enumerate(sweep or ())]
 
-    def _job(self, job_id, order, seed, values, model, name, root, template) -> Job:
-        key = job_id if seed is None else f"{job_id}@{seed}"
-        values = {**values, "seed": values["seed"] if seed is None else seed}
-        width, height = values["size"]
+    def _job(self, job_id, order, seed, request: RenderRequest, run: dict, model: ModelSpec, name, root, template
+             ) -> Job:
+        key = job_id if seed is None else f"{job_id}@{request.seed}"
         relative = os.path.normpath(templates.render(template, dict(
-            name=name, id=job_id, seed=values["seed"], task=values["task"], width=width, height=height,
-            steps=values["steps"])))
-        media = root / (relative + (".png" if values["task"] == "t2i" else ".mp4"))
-        resolved = {k: values[k] for k in _JOB_FIELDS if k != "size"}
-        job = Job(key=key, id=job_id, order=order, width=width, height=height, media=str(media), config_hash="",
-                  **resolved)
-        return _with_hash(job, model, self._input_hash)
+            name=name, id=job_id, seed=request.seed, task=request.task, width=request.width, height=request.height,
+            steps=request.steps)))
+        media = root / (relative + (".png" if request.task == "t2i" else ".mp4"))
+        return Job(key=key, id=job_id, order=order, request=request, media=str(media),
+                   config_hash=config_hash(request, model, self._input_hash), **run)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -436,18 +405,3 @@ class _Resolver:
         if path not in self._input_hashes:
             self._input_hashes[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
         return self._input_hashes[path]
-
-
-def _task_taking(key: str) -> str:
-    return next(task for task, input_key in _INPUT_OF_TASK.items() if input_key == key)
-
-
-def _with_hash(job: Job, model: ModelSpec, input_hash) -> Job:
-    """Hashes what decides the pixels: the request, the inputs' bytes and the model; not priority or retries."""
-    request = job.request()
-    for key in ("image", "video"):
-        request[key] = input_hash(request[key]) if request[key] else None
-    identity = {"format": "farm-config-v1", "request": request, "checkpoint": model.fingerprint,
-                "precision": model.precision, "step_precision": model.step_precision}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    return replace(job, config_hash=digest)

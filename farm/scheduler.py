@@ -6,7 +6,9 @@ The loop waits on all of them with one `ray.wait(num_returns=1)`; it never `ray.
 not already finished.
 
 Failure policies (reference/farm-anchors.md §6):
-- an attempt that fails is requeued, on a *different* worker while one that has not failed it is alive;
+- a job the model refuses (cosmos3's PipelineError or ConfigError: the user's mistake) fails at once, without
+  retries, and does not count against its worker;
+- any other failed attempt is requeued, on a *different* worker while one that has not failed it is alive;
 - Ray has no task timeout, so an attempt past its job's timeout gets its worker killed and replaced;
 - a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU); storage faults
   (ENOSPC, a read-only or vanished root: `StorageFault`) fail the attempt but do not count towards retiring;
@@ -28,13 +30,15 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from cosmos3.errors import ConfigError, PipelineError
 from farm import lease, storage
 from farm.errors import StorageFault
 from farm.events import RunLog
-from farm.manifest import Job
+from farm.job import Job, JobState
 from farm.metrics import RunMetrics
 
 RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
+USER_ERRORS = (PipelineError, ConfigError)  # the model refusing a job: every worker would refuse it
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's process to be gone
 
 
@@ -70,9 +74,9 @@ class Attempt:
 
 @dataclass
 class Outcome:
-    """How a job ended in this run: done, failed (after its retries) or pending (never finished)."""
+    """How a job ended in this run: done, failed (refused, or after its retries) or pending (never finished)."""
 
-    state: str
+    state: JobState
     attempts: int = 0
     error: str | None = None
     seconds: float | None = None  # the successful attempt, dispatch to result
@@ -89,9 +93,10 @@ def _rank(job: Job) -> tuple[int, int]:
 
 
 def describe(err: BaseException) -> str:
-    """A one-line reason from a Ray error: the job's own exception, or why the worker died."""
+    """The reason from a Ray error: the job's own exception, whole (a refused request lists every problem
+    on its own line), or the line of Ray's message that says why the worker died."""
     if isinstance(err, RayTaskError) and err.cause is not None:
-        return f"{type(err.cause).__name__}: {err.cause}".splitlines()[0]
+        return f"{type(err.cause).__name__}: {err.cause}"
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if getattr(err, "actor_init_failed", False) and lines:
         return lines[-1]  # the creation task's exception is the last line of Ray's message
@@ -112,7 +117,7 @@ class Scheduler:
         self.starting: dict[ray.ObjectRef, Slot] = {}
         self.attempts: dict[str, int] = {}
         self.avoid: dict[str, set[int]] = {}  # job key -> slots it failed on
-        self.outcomes: dict[str, Outcome] = {job.key: Outcome("pending") for job in jobs}
+        self.outcomes: dict[str, Outcome] = {job.key: Outcome(JobState.PENDING) for job in jobs}
         self.failed_starts = 0
         self.last_retired = ""  # why the last worker was retired: the cause a stranded job reports
         self.interrupted = False
@@ -199,9 +204,12 @@ class Scheduler:
         try:
             result = ray.get(ref)
         except RayTaskError as err:  # the job raised; its worker is fine
-            # Full or lost storage is no sign of a bad worker: it must not retire for it.
-            blamed = not isinstance(err.cause, StorageFault)
-            self._attempt_failed(attempt, describe(err), worker_lost=False, blamed=blamed)
+            if isinstance(err.cause, USER_ERRORS):
+                self._refused(attempt, describe(err))
+            else:
+                # Full or lost storage is no sign of a bad worker: it must not retire for it.
+                blamed = not isinstance(err.cause, StorageFault)
+                self._attempt_failed(attempt, describe(err), worker_lost=False, blamed=blamed)
             return
         except RayError as err:  # the worker died: a crash, the OOM killer, a lost node
             self._attempt_failed(attempt, f"worker lost: {describe(err)}", worker_lost=True)
@@ -235,10 +243,19 @@ class Scheduler:
         self.idle.append(slot)
         seconds = time.monotonic() - attempt.started
         figures = result["figures"]
-        self.outcomes[job.key] = Outcome("done", attempt.number, None, seconds, slot.identity, figures)
+        self.outcomes[job.key] = Outcome(JobState.DONE, attempt.number, None, seconds, slot.identity, figures)
         self.metrics.job_done(seconds, figures["timings"].get("steps", []))
         self.log.emit("job_done", key=job.key, attempt=attempt.number, slot=slot.index, seconds=round(seconds, 3),
                       worker_started=result["started"], worker_finished=result["finished"])
+
+    def _refused(self, attempt: Attempt, error: str) -> None:
+        """The model refused the job: retrying cannot help, and the worker did nothing wrong."""
+        job, slot = attempt.job, attempt.slot
+        storage.discard_temps(job)
+        self.outcomes[job.key] = Outcome(JobState.FAILED, attempt.number, error)
+        self.metrics.job_failed()
+        self.log.emit("job_failed", key=job.key, attempt=attempt.number, slot=slot.index, error=error, refused=True)
+        self.idle.append(slot)
 
     def _attempt_failed(self, attempt: Attempt, error: str, *, worker_lost: bool, blamed: bool = True) -> None:
         job, slot = attempt.job, attempt.slot
@@ -248,11 +265,11 @@ class Scheduler:
         if blamed:
             slot.failed_jobs.add(job.key)
         if attempt.number > job.retries:
-            self.outcomes[job.key] = Outcome("failed", attempt.number, error)
+            self.outcomes[job.key] = Outcome(JobState.FAILED, attempt.number, error)
             self.metrics.job_failed()
             self.log.emit("job_failed", key=job.key, attempt=attempt.number, slot=slot.index, error=error)
         else:
-            self.outcomes[job.key] = Outcome("pending", attempt.number, error)
+            self.outcomes[job.key] = Outcome(JobState.PENDING, attempt.number, error)
             self._requeue(job)
             self.metrics.job_retried()
             self.log.emit("job_retry", key=job.key, attempt=attempt.number, slot=slot.index, error=error)

@@ -20,9 +20,10 @@ from typing import Any, Callable
 
 from farm import template
 from farm.errors import StorageFault
-from farm.manifest import RECORDS_DIR, Job
+from farm.job import Job
 
 SIDECAR_FORMAT = 1
+RECORDS_DIR = ".farm"  # the farm's own records inside output.root; manifest templates may not write there
 _CHUNK = 1 << 20
 
 
@@ -149,7 +150,7 @@ def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], **f
         "config_hash": job.config_hash,
         "run": run,
         "attempt": attempt,
-        "seed": job.seed,
+        "seed": job.request.seed,
         "job": dataclasses.asdict(job),
         "media": {"file": Path(job.media).name, "sha256": digest, "bytes": size},
         **facts,

@@ -8,6 +8,7 @@ inside the actor, never in the driver.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -17,9 +18,9 @@ from typing import Any, Callable, Protocol
 import ray
 import structlog
 
-from farm import checkpoint, metrics, storage
-from farm.errors import WorkerConfigError
-from farm.manifest import Job, ModelSpec
+from cosmos3.request import RenderRequest
+from farm import metrics, storage
+from farm.job import Job, ModelSpec
 from worker import encode
 from worker.gpu import check_assignment, cuda_device_facts
 
@@ -51,19 +52,20 @@ class Renderer(Protocol):
     facts: dict  # where it renders, for the sidecar: GPU UUID, where the CUDA ops came from and how long they took
     load_timings: dict  # seconds (and bytes) per stage of loading the model, see WORKER_START_FIELDS
 
-    def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output: ...
+    def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
+        """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's."""
 
 
 PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor holds a GPU) -> renderer
 
 
 class _Cosmos3Renderer:
-    def __init__(self, pipeline, request_type, device: str, facts: dict):
-        self._pipeline, self._request_type, self.device, self.facts = pipeline, request_type, device, facts
+    def __init__(self, pipeline, device: str, facts: dict):
+        self._pipeline, self.device, self.facts = pipeline, device, facts
         self.load_timings = pipeline.load_timings
 
-    def __call__(self, request: dict[str, Any], callback: StepCallback) -> Output:
-        return self._pipeline(self._request_type(**request), callback=callback)
+    def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
+        return self._pipeline(request, callback=callback)
 
 
 PROGRESS_EVERY = 10.0  # seconds between a long job's progress lines
@@ -93,26 +95,16 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     import torch  # here, not at the top: the driver imports this module and may have no torch
 
     from cosmos3 import ops
-    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+    from cosmos3.pipeline import Cosmos3Pipeline
 
     # A logical GPU without CUDA only happens in tests (`ray.init(num_gpus=N)` on a CPU machine);
     # the device is reported by `ready()` and the driver warns about it.
     device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
     # The kernels load here, not on the first job: a node that cannot load them fails at start, and says why.
     facts = {**cuda_device_facts(), "ops": ops.load_cuda_ops().facts()} if device == "cuda" else {}
-    pipeline = Cosmos3Pipeline.from_pretrained(
-        model.checkpoint, device=device, precision=model.precision, step_precision=model.step_precision
-    )
-    return _Cosmos3Renderer(pipeline, RenderRequest, device, facts)
-
-
-def refuse_sharded_static_fp8(model: ModelSpec) -> None:
-    """Defence in depth behind the manifest check, on the worker's own view of the checkpoint."""
-    config = checkpoint.read_transformer_config(Path(model.checkpoint))
-    sharded = {axis: size for axis, size in model.parallel.items() if size > 1}
-    if sharded and model.precision == "auto" and checkpoint.uses_static_fp8(config):
-        axis, size = next(iter(sharded.items()))
-        raise WorkerConfigError(f"static FP8 runs one GPU per worker; got parallel.{axis}={size} (set it to 1)")
+    # The load options (parallel axes among them) are checked by the loader, the worker's only guard.
+    pipeline = Cosmos3Pipeline.from_pretrained(model.checkpoint, device=device, **dataclasses.asdict(model.options))
+    return _Cosmos3Renderer(pipeline, device, facts)
 
 
 class RenderWorker:
@@ -121,7 +113,6 @@ class RenderWorker:
     def __init__(self, model: ModelSpec, factory: PipelineFactory, origin: dict[str, Any], slot: int):
         """`origin`: the run id (`run`), the output root (`root`) and the manifest's path and sha256, recorded in
         every sidecar."""
-        refuse_sharded_static_fp8(model)
         encode.sweep_orphaned_scratch()  # partial videos of workers killed on this node before
         started = time.perf_counter()
         context = ray.get_runtime_context()
@@ -145,12 +136,12 @@ class RenderWorker:
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
         """Renders `job`, publishes media then sidecar, returns a small summary for the driver."""
         started = time.time()
-        output = self._renderer(job.request(), StepProgress(self._progress, job.key))
+        output = self._renderer(job.request, StepProgress(self._progress, job.key))
         rendered = time.time()
         encoded: list[float] = []
 
         def write(temp: Path) -> None:
-            encode.write_media(output.frames, output.fps, temp, image=job.task == "t2i")
+            encode.write_media(output.frames, output.fps, temp, image=job.request.task == "t2i")
             encoded.append(time.time() - rendered)
 
         media = storage.publish(Path(job.media), attempt, write, root=self._origin["root"])

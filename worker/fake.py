@@ -2,18 +2,19 @@
 
 For trying a cluster's plumbing without model weights (`farm submit m.yaml --pipeline worker.fake:factory`),
 for the scheduler benchmark and for tests. It honours the job's size, frames, fps and steps, so outputs,
-sidecars and timings look like real ones.
+sidecars and timings look like real ones, and it reads the checkpoint's request rules (scheduler and VAE
+configs, no weights), so it refuses exactly the requests the real pipeline refuses.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from farm.manifest import ModelSpec
+from cosmos3.request import RenderRequest, RequestRules, resolve
+from farm.job import ModelSpec
 
 
 @dataclass
@@ -25,32 +26,34 @@ class FakeOutput:
     memory: dict = field(default_factory=dict)  # no GPU: every memory figure is None in the sidecar
 
 
-def paint(request: dict[str, Any]) -> np.ndarray:
+def paint(request: RenderRequest) -> np.ndarray:
     """Frames of one colour derived from the seed, so different seeds give different files."""
-    colour = np.random.default_rng(request["seed"]).integers(0, 256, size=3, dtype=np.uint8)
-    shape = (request["frames"], request["height"], request["width"], 3)
-    return np.broadcast_to(colour, shape).copy()
+    colour = np.random.default_rng(request.seed).integers(0, 256, size=3, dtype=np.uint8)
+    return np.broadcast_to(colour, (request.frames, request.height, request.width, 3)).copy()
 
 
 class FakeRenderer:
+    """Checks each request with cosmos3's own rules, as the real pipeline does, so it refuses the same jobs."""
+
     device = "cpu"
     load_timings: dict = {}  # nothing is loaded: every worker-start figure is None in the sidecar
 
-    def __init__(self, seconds_per_step: float):
-        self.seconds_per_step = seconds_per_step
+    def __init__(self, rules: RequestRules, seconds_per_step: float):
+        self.rules, self.seconds_per_step = rules, seconds_per_step
         self.facts = {}  # no GPU, no kernels
 
-    def __call__(self, request: dict[str, Any], callback) -> FakeOutput:
+    def __call__(self, request: RenderRequest, callback) -> FakeOutput:
+        plan = resolve(request, self.rules)  # raises PipelineError, as Cosmos3Pipeline does
         steps = []
-        for step in range(request["steps"]):
+        for step in range(plan.steps):
             start = time.perf_counter()
             time.sleep(self.seconds_per_step)
-            callback(step, request["steps"])
+            callback(step, plan.steps)
             steps.append(time.perf_counter() - start)
         timings = {"tokenize": 0.0, "vae_encode": None, "und": 0.0, "steps": steps, "vae_decode": 0.0, "total": sum(steps)}
-        return FakeOutput(paint(request), request["fps"], timings)
+        return FakeOutput(paint(plan), plan.fps, timings)
 
 
 def factory(model: ModelSpec, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
     """A `worker.actor.PipelineFactory`."""
-    return FakeRenderer(seconds_per_step)
+    return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)

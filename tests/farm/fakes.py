@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 import ray
 
+from cosmos3.request import RenderRequest, RequestRules
 from worker.fake import FakeRenderer
 
 
@@ -27,15 +27,15 @@ def _first_time(markers: str, name: str) -> bool:
 
 
 class ScriptedRenderer(FakeRenderer):
-    def __init__(self, markers: str, seconds_per_step: float):
-        super().__init__(seconds_per_step)
+    def __init__(self, rules: RequestRules, markers: str, seconds_per_step: float):
+        super().__init__(rules, seconds_per_step)
         self.markers = markers
 
-    def __call__(self, request: dict[str, Any], callback):
-        words = request["prompt"].split()
-        once = f"{request['prompt']}-{request['seed']}".replace(" ", "_").replace("/", "_")
+    def __call__(self, request: RenderRequest, callback):
+        words = request.prompt.split()
+        once = f"{request.prompt}-{request.seed}".replace(" ", "_").replace("/", "_")
         if "fail" in words:
-            raise RuntimeError(f"scripted failure of seed {request['seed']}")
+            raise RuntimeError(f"scripted failure of seed {request.seed}")
         if "crash-once" in words and _first_time(self.markers, once):
             os._exit(1)
         if "hang-once" in words and _first_time(self.markers, once):
@@ -44,14 +44,14 @@ class ScriptedRenderer(FakeRenderer):
 
 
 def scripted(model, gpu: bool, *, markers: str, seconds_per_step: float = 0.01) -> ScriptedRenderer:
-    return ScriptedRenderer(markers, seconds_per_step)
+    return ScriptedRenderer(RequestRules.from_checkpoint(model.checkpoint), markers, seconds_per_step)
 
 
 def bad_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
     """Fails to load on logical GPU 0, like a worker on a broken device."""
     if ray.get_runtime_context().get_accelerator_ids()["GPU"] == ["0"]:
         raise RuntimeError("CUDA error: uncorrectable ECC error encountered (GPU 0)")
-    return FakeRenderer(seconds_per_step)
+    return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)
 
 
 def no_gpu_works(model, gpu: bool) -> FakeRenderer:
@@ -64,7 +64,7 @@ def full_scratch(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRen
 
     full = shutil.disk_usage("/")._replace(free=0)
     shutil.disk_usage = lambda folder: full  # in this worker's process only
-    return FakeRenderer(seconds_per_step)
+    return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)
 
 
 def truncating_once(model, gpu: bool, *, markers: str, seconds_per_step: float = 0.01) -> FakeRenderer:
@@ -80,4 +80,4 @@ def truncating_once(model, gpu: bool, *, markers: str, seconds_per_step: float =
             os.truncate(path, path.stat().st_size // 2)
 
     encode._encode_h264 = encode_h264
-    return FakeRenderer(seconds_per_step)
+    return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)

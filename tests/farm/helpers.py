@@ -20,13 +20,20 @@ STATIC_FP8_QUANT = {
 }
 
 
-def make_checkpoint(root: Path, *, static_fp8: bool = False) -> Path:
-    """Just enough of the published layout for the driver: `transformer/config.json` (fake pipelines load nothing)."""
+UNIPC = {"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True}
+VAE = {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 16, "scale_factor_temporal": 4}
+
+
+def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = UNIPC) -> Path:
+    """Just enough of the published layout for the driver and the fake pipelines, which load no weights: the
+    configs cosmos3 checks requests and load options against (transformer, scheduler, VAE)."""
     config: dict[str, Any] = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32}
     if static_fp8:
         config["quantization_config"] = STATIC_FP8_QUANT
-    (root / "transformer").mkdir(parents=True, exist_ok=True)
-    (root / "transformer" / "config.json").write_text(json.dumps(config))
+    for path, data in (("transformer/config.json", config), ("scheduler/scheduler_config.json", scheduler),
+                       ("vae/config.json", VAE)):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(json.dumps(data))
     return root
 
 

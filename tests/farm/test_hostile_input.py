@@ -109,7 +109,7 @@ def test_a_job_can_take_another_jobs_settings_through_a_merge_key(tmp_path):
                                                   "- {<<: *shot, id: b, steps: 5}\n")
     path.write_text(text)
     jobs = {job.key: job for job in manifest.load(path).jobs}
-    assert (jobs["b"].prompt, jobs["b"].steps, jobs["a"].steps) == ("shared", 5, 3)
+    assert (jobs["b"].request.prompt, jobs["b"].request.steps, jobs["a"].request.steps) == ("shared", 5, 3)
 
 
 def test_a_100000_seed_sweep_validates(tmp_path):
@@ -117,7 +117,7 @@ def test_a_100000_seed_sweep_validates(tmp_path):
     seeds = list(range(100_000))
     path = write_manifest(tmp_path, [{"id": "sweep", "prompt": "x", "seeds": seeds}])
     m = manifest.load(path)
-    assert [job.seed for job in m.jobs] == seeds
+    assert [job.request.seed for job in m.jobs] == seeds
 
     path = write_manifest(tmp_path, [{"id": "sweep", "prompt": "x", "seeds": [*seeds, 99_999, 5]}])
     with pytest.raises(manifest.ManifestError, match="seeds: seed 5 is listed twice"):

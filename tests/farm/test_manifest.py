@@ -6,14 +6,13 @@ in order (`{dir}` stands for the manifest's folder).
 
 from __future__ import annotations
 
-import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import ray
 
+from cosmos3.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
 from tests.farm.helpers import make_checkpoint, write_manifest
@@ -61,10 +60,13 @@ def test_jobs_resolve_job_then_defaults_then_task_builtins(tmp_path):
     m = manifest.load(write_manifest(tmp_path, jobs, defaults={"size": [1280, 720], "steps": 30, "frames": 121}))
     by_key = {job.key: job for job in m.jobs}
 
+    requests = {key: job.request for key, job in by_key.items()}
     assert list(by_key) == ["clip", "still", "extend", "sweep@1", "sweep@2"]
-    assert (by_key["clip"].seed, by_key["clip"].steps, by_key["clip"].frames) == (7, 30, 121)
-    assert (by_key["still"].frames, by_key["still"].guidance, by_key["still"].priority) == (1, 7.0, 10)
-    assert by_key["extend"].image == str(tmp_path / "inputs" / "frame.png") and by_key["extend"].steps == 20
+    assert (requests["clip"].seed, requests["clip"].steps, requests["clip"].frames) == (7, 30, 121)
+    # t2i: cosmos3's image defaults (guidance 7, one frame); the defaults' frames do not apply to a still.
+    assert (requests["still"].frames, requests["still"].guidance, by_key["still"].priority) == (1, 7.0, 10)
+    assert requests["extend"].image == str(tmp_path / "inputs" / "frame.png") and requests["extend"].steps == 20
+    assert (requests["sweep@2"].seed, requests["sweep@2"].video) == (2, None)
     assert by_key["sweep@2"].media == str(tmp_path / "out" / "test" / "sweep_s2.mp4")
     assert by_key["still"].media.endswith("still_s0.png")
 
@@ -100,7 +102,7 @@ def test_static_fp8_checkpoint_is_recognised_and_runs_unsharded(tmp_path):
 def test_bare_off_means_step_precision_off(tmp_path):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     path.write_text(path.read_text().replace("checkpoint: ckpt", "checkpoint: ckpt\n  step_precision: off"))
-    assert manifest.load(path).model.step_precision == "off"
+    assert manifest.load(path).model.options.step_precision == "off"
 
 
 @pytest.mark.parametrize("value, seconds", DURATIONS)
@@ -108,36 +110,37 @@ def test_durations_read_as_seconds(value, seconds):
     assert fields.duration(value) == seconds
 
 
-def test_request_holds_exactly_the_render_request_fields(tmp_path):
-    job = manifest.load(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])).jobs[0]
-    assert set(job.request()) == {"task", "prompt", "negative_prompt", "width", "height", "frames", "fps", "steps",
-                                  "guidance", "seed", "image", "video"}
-    assert replace(job, priority=3).request() == job.request()
+def test_a_jobs_request_is_what_the_worker_resolves_it_to(tmp_path):
+    """Every value is concrete, so the worker's cosmos3.request.resolve finds nothing to fill in or refuse."""
+    jobs = [{"id": "a", "prompt": "x"}, {"id": "b", "task": "t2i", "prompt": "y", "guidance": 3}]
+    m = manifest.load(write_manifest(tmp_path, jobs))
+    rules = RequestRules.from_checkpoint(m.model.checkpoint)
+    for job in m.jobs:
+        assert resolve(job.request, rules).request() == job.request
+        assert None not in (job.request.width, job.request.frames, job.request.steps, job.request.guidance)
 
 
 def test_example_manifest_is_valid_but_for_the_cluster_files_it_names():
     with pytest.raises(ManifestError) as caught:
         manifest.load(EXAMPLE)
     problems = caught.value.problems
-    where = ["model -> checkpoint", "output -> root", "jobs[3] (id=harbour-extend) -> image"]
-    assert [p.where for p in problems] == where
-    assert all(word in p.message for p, word in zip(problems, ["is not a directory", "share mounted?", "not found"]))
+    # Without a checkpoint there are no request rules to check the jobs by (its i2v input is missing too).
+    assert [p.where for p in problems] == ["model -> checkpoint", "output -> root"]
+    assert all(word in p.message for p, word in zip(problems, ["is not a directory", "share mounted?"], strict=True))
 
 
 def distilled(folder: Path) -> None:
     """Give the checkpoint beside a manifest a distilled 4-step scheduler config."""
-    scheduler = folder / "ckpt" / "scheduler"
-    scheduler.mkdir(parents=True, exist_ok=True)
-    config = {"_class_name": "FlowMatchEulerDiscreteScheduler",
-              "fixed_step_sampler_config": {"t_list": [1.0, 0.9, 0.7, 0.3]}}
-    (scheduler / "scheduler_config.json").write_text(json.dumps(config))
+    config = {"_class_name": "FlowMatchEulerDiscreteScheduler", "stochastic_sampling": True,
+              "fixed_step_sampler_config": {"t_list": [1.0, 0.9, 0.7, 0.3], "sample_type": "sde"}}
+    make_checkpoint(folder / "ckpt", scheduler=config)
 
 
 def test_distilled_checkpoint_jobs_take_its_fixed_schedule(tmp_path):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}, {"id": "b", "task": "t2i", "prompt": "y"}])
     distilled(tmp_path)
     jobs = manifest.load(path).jobs
-    assert [(j.steps, j.guidance) for j in jobs] == [(4, 1.0), (4, 1.0)]
+    assert [(j.request.steps, j.request.guidance) for j in jobs] == [(4, 1.0), (4, 1.0)]
 
 
 def test_distilled_checkpoint_refuses_other_steps_guidance_and_negative_prompts(tmp_path):
@@ -147,9 +150,9 @@ def test_distilled_checkpoint_refuses_other_steps_guidance_and_negative_prompts(
     with pytest.raises(ManifestError) as err:
         manifest.load(path)
     message = str(err.value)
-    assert "steps: 35 on a distilled checkpoint, which runs its fixed 4-step schedule" in message
-    assert "guidance: 6.0 on a distilled checkpoint" in message
-    assert "negative_prompt: a distilled checkpoint runs without CFG" in message
+    assert "steps: this distilled checkpoint runs its fixed 4-step schedule, got 35" in message
+    assert "guidance: this distilled checkpoint has guidance baked in (1.0), got 6.0" in message
+    assert "negative_prompt: a distilled checkpoint runs no unconditional pass; leave it empty" in message
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8-dynamic"])
@@ -157,5 +160,5 @@ def test_forcing_another_precision_on_a_static_fp8_checkpoint_is_refused(tmp_pat
     make_checkpoint(tmp_path / "ckpt-fp8", static_fp8=True)
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}],
                           model={"checkpoint": "ckpt-fp8", "precision": precision})
-    with pytest.raises(ManifestError, match=f"{precision} would re-quantize this static FP8 checkpoint"):
+    with pytest.raises(ManifestError, match=f"'{precision}' on a ModelOpt static FP8 checkpoint would re-quantize"):
         manifest.load(path)

@@ -81,7 +81,7 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     timings = record["timings"]
     assert set(timings) == {"tokenize", "vae_encode", "und", "steps", "vae_decode", "total", "media_encode",
                             "publish"}
-    assert (timings["vae_encode"] is None) is (job.task in ("t2v", "t2i"))
+    assert (timings["vae_encode"] is None) is (job.request.task in ("t2v", "t2i"))
     assert all(timings[k] > 0 for k in ("tokenize", "und", "vae_decode", "media_encode", "publish"))
     assert timings["publish"] > timings["media_encode"]
     assert timings["total"] >= sum(timings["steps"]) + timings["vae_decode"] + timings["und"]
@@ -112,15 +112,16 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
         assert record["precision"] == precision
         assert record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
         assert (record["step_policy"] is not None) is (precision == "fp8-static")
-        assert len(record["timings"]["steps"]) == job.steps
-        if job.task != "t2i":
-            assert _mp4_shape(Path(job.media)) == (job.frames, job.height, job.width)
+        request = job.request
+        assert len(record["timings"]["steps"]) == request.steps
+        if request.task != "t2i":
+            assert _mp4_shape(Path(job.media)) == (request.frames, request.height, request.width)
         _assert_cpu_figures(record, job, checkpoint_bytes(Path(m.model.checkpoint)))
         # The run summary carries the same figures for every job (issue 15).
         summary = json.loads(Path(report.summary_path).read_text())
         assert summary["jobs"][job.key]["figures"] == {k: record[k] for k in FIGURES}
 
     # PNG is lossless: the farm's still is exactly what the pipeline renders when called directly.
-    still = next(job for job in m.jobs if job.task == "t2i")
-    direct = Cosmos3Pipeline.from_pretrained(checkpoints[precision], device="cpu")(RenderRequest(**still.request()))
+    still = next(job for job in m.jobs if job.request.task == "t2i")
+    direct = Cosmos3Pipeline.from_pretrained(checkpoints[precision], device="cpu")(still.request)
     assert np.array_equal(iio.imread(still.media), direct.frames[0])

@@ -67,7 +67,7 @@ def test_sidecar_records_job_config_attempt_and_media(job):
     record = json.loads(storage.sidecar_path(job.media).read_text())
     assert (record["key"], record["config_hash"], record["attempt"], record["run"]) == ("clip", job.config_hash, 3, RUN)
     assert record["media"] == {"file": "clip_s0.mp4", "sha256": hashlib.sha256(b"video bytes").hexdigest(), "bytes": 11}
-    assert record["job"]["prompt"] == "a red circle"
+    assert record["job"]["request"]["prompt"] == "a red circle"
 
 
 def test_discard_temps_removes_only_this_jobs_leftovers(tmp_path, job):

@@ -10,12 +10,14 @@ import pytest
 import ray
 import structlog.testing
 
+from cosmos3.load_options import LoadOptions
+from cosmos3.request import RequestRules
 from farm import manifest, storage
-from farm.errors import WorkerConfigError
-from tests.farm.helpers import local_cluster, make_checkpoint, write_manifest
+from tests.farm.helpers import local_cluster, write_manifest
 from worker import fake
-from worker.actor import RenderWorker, StepProgress, refuse_sharded_static_fp8
+from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
+TOY_FP8 = Path(__file__).resolve().parents[2] / "checkpoints" / "toy" / "fp8"
 ORIGIN = {"run": "run-1", "path": "/m.yaml", "sha256": "abc", "name": "test"}
 
 
@@ -25,9 +27,9 @@ def cluster():
         yield
 
 
-def _manifest(tmp_path: Path, **model) -> manifest.Manifest:
+def _manifest(tmp_path: Path) -> manifest.Manifest:
     jobs = [{"id": "clip", "prompt": "a red circle"}, {"id": "still", "task": "t2i", "prompt": "a blue square"}]
-    return manifest.load(write_manifest(tmp_path, jobs, model=model or None))
+    return manifest.load(write_manifest(tmp_path, jobs))
 
 
 def _worker(m: manifest.Manifest):
@@ -50,27 +52,20 @@ def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tm
         record = json.loads(storage.sidecar_path(job.media).read_text())
         assert record["manifest"] == {**ORIGIN, "root": m.output_root} and record["worker"] == identity
         assert {"checkpoint", "precision", "step_policy"} <= set(record)
-        assert len(record["timings"]["steps"]) == job.steps and record["timings"]["publish"] > 0
+        assert len(record["timings"]["steps"]) == job.request.steps and record["timings"]["publish"] > 0
         assert storage.check_published(job.media, job.config_hash, ("run-1", 1)) is None
     assert Path(m.jobs[1].media).suffix == ".png"
 
 
-def test_worker_refuses_static_fp8_sharded_even_if_the_manifest_let_it_through(cluster, tmp_path):
-    make_checkpoint(tmp_path / "fp8", static_fp8=True)
-    m = _manifest(tmp_path, checkpoint="fp8")
-    sharded = dataclasses.replace(m.model, parallel={**m.model.parallel, "tp_size": 2})
-    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(sharded, fake.factory, ORIGIN, 0)
-    with pytest.raises(ray.exceptions.ActorDiedError, match="static FP8 runs one GPU per worker"):
+def test_the_loader_is_the_workers_guard_against_sharded_static_fp8(cluster, tmp_path):
+    """The worker passes `parallel` through Cosmos3Pipeline.from_pretrained; the loader refuses it (issue 12)."""
+    m = manifest.load(write_manifest(tmp_path, [{"id": "clip", "prompt": "a red circle"}],
+                                     model={"checkpoint": str(TOY_FP8)}))
+    sharded = dataclasses.replace(m.model, options=LoadOptions(parallel={"tp_size": 1, "cfg_size": 2}))
+    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(sharded, cosmos3_factory, ORIGIN, 0)
+    with pytest.raises(ray.exceptions.ActorDiedError,
+                       match=r"parallel.cfg_size: static FP8 runs one GPU per worker; got parallel.cfg_size=2"):
         ray.get(worker.ready.remote())
-
-
-def test_worker_refuses_sharded_static_fp8_again(tmp_path):
-    """Defence in depth: the manifest refuses it first (and refuses bf16/fp8-dynamic on such a checkpoint)."""
-    make_checkpoint(tmp_path / "fp8", static_fp8=True)
-    m = _manifest(tmp_path, checkpoint="fp8")
-    sharded = dataclasses.replace(m.model, parallel={**m.model.parallel, "cfg_size": 2})
-    with pytest.raises(WorkerConfigError, match=r"parallel.cfg_size=2 \(set it to 1\)"):
-        refuse_sharded_static_fp8(sharded)
 
 
 def test_a_worker_that_would_see_every_gpu_of_its_node_is_refused_at_start(cluster, tmp_path):
@@ -89,7 +84,7 @@ DEVICE_FACTS = {"gpu_uuid": "GPU-2daf2d03-1f3e-d7d2-f717-7e730d4ec67e", "gpu_nam
 
 def _renderer_on_a_gpu(model, gpu: bool) -> fake.FakeRenderer:
     """What cosmos3_factory reports on a GPU node: the device and where its kernels came from."""
-    renderer = fake.FakeRenderer(seconds_per_step=0.0)
+    renderer = fake.FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.0)
     renderer.facts = DEVICE_FACTS
     return renderer
 

@@ -1,0 +1,82 @@
+"""The contract between the driver and its workers: what to load (`ModelSpec`) and what to render (`Job`).
+
+A leaf: the worker and storage import this module (and storage), never the manifest's YAML resolver.
+A job's render request is cosmos3's own `RenderRequest` with every value resolved, so the worker hands
+it to the pipeline unchanged and the pipeline checks it with the rules `farm validate` already ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable
+
+from cosmos3.load_options import LoadOptions
+from cosmos3.request import RenderRequest
+
+CONFIG_FORMAT = "farm-config-v2"  # v2: the request is cosmos3's RenderRequest, every load option is hashed
+
+
+class JobState(str, Enum):
+    """How a job stands after a run: the one list of states (a str, so records hold plain "done")."""
+
+    DONE = "done"
+    FAILED = "failed"  # refused by the model, or out of retries
+    PENDING = "pending"  # not finished yet: never run, interrupted, or left when no worker remained
+
+    def __str__(self) -> str:  # "failed" in messages, not "JobState.FAILED"
+        return self.value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What every worker loads, once."""
+
+    checkpoint: str  # absolute path of the checkpoint root
+    options: LoadOptions  # cosmos3's load options: Cosmos3Pipeline.from_pretrained(checkpoint, **asdict(options))
+    static_fp8: bool
+    fingerprint: str  # fingerprint(): configs, indexes, shard sizes
+
+
+@dataclass(frozen=True)
+class Job:
+    """One render: a manifest job, or one seed of a sweep, with every value resolved."""
+
+    key: str  # unique in the manifest: the id, or `id@seed` for a sweep
+    id: str
+    order: int  # manifest order; ties in priority go to the earlier job
+    request: RenderRequest  # every field concrete; image/video are absolute paths (or None)
+    priority: int
+    retries: int  # attempts after the first
+    timeout: float  # seconds per attempt
+    media: str  # absolute path of the PNG or MP4 this job publishes
+    config_hash: str  # everything that changes the pixels; a sidecar with another hash is not "done"
+
+
+def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[str], str]) -> str:
+    """Hashes what decides the pixels: the request, its inputs' bytes and the model; not priority or retries."""
+    fields = dict(vars(request))  # flat values: a shallow copy (asdict's deep copy was most of a 100k-seed sweep)
+    for key in ("image", "video"):
+        fields[key] = input_hash(fields[key]) if fields[key] else None
+    identity = {"format": CONFIG_FORMAT, "request": fields, "checkpoint": model.fingerprint,
+                "load": vars(model.options)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def fingerprint(checkpoint: Path) -> str:
+    """A cheap identity for "the same checkpoint": every JSON file's bytes plus each weight file's name and size.
+
+    Hashing the weights themselves would read gigabytes per plan; configs, indexes and shard sizes change
+    whenever a checkpoint is re-exported or re-quantized. Paths are relative, so a moved copy keeps its identity.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        rel = path.relative_to(checkpoint).as_posix()
+        if path.suffix == ".json":
+            digest.update(f"{rel}\0".encode() + path.read_bytes() + b"\0")
+        elif path.suffix == ".safetensors":
+            digest.update(f"{rel}\0{path.stat().st_size}\0".encode())
+    return digest.hexdigest()
