@@ -89,6 +89,10 @@ MODELS = [
     pytest.param(False, {"step_precision": {"first": 2, "last": 2}}, id="step-override-on-bf16(bad)"),
     pytest.param(True, {"step_precision": {"first": 2, "last": 2}}, id="step-override-on-fp8"),
     pytest.param(True, {"step_precision": {"first": 2}}, id="step-override-half(bad)"),
+    pytest.param(False, {"attention": "fp8"}, id="attention-fp8"),
+    pytest.param(True, {"attention": "bf16"}, id="attention-bf16"),
+    pytest.param(False, {"attention": "int8"}, id="attention-int8(bad)"),
+    pytest.param(False, {"attention": True}, id="attention-bool(bad)"),
 ]
 
 
