@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from cosmos3.attention_choice import ATTENTION_CHOICES
+from cosmos3.attention_choice import attention_problem
 from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import ConfigError, Problem
 from cosmos3.step_precision import StepPolicy, resolve_policy
@@ -98,8 +98,8 @@ def resolve(config: Cosmos3Config, options: LoadOptions, lora: object = None) ->
 def _check(config: Cosmos3Config, options: LoadOptions, lora: object) -> tuple[Resolved | None, list[Problem]]:
     precision, found = _precision(config, options.precision, lora)
     found += _parallel(config, options.parallel)
-    if not isinstance(options.attention, str) or options.attention not in ATTENTION_CHOICES:
-        found.append(("attention", f"must be one of {', '.join(ATTENTION_CHOICES)}, got {options.attention!r}"))
+    if (problem := attention_problem(options.attention)) is not None:
+        found.append(("attention", problem))
     # A bad policy inside the checkpoint names the checkpoint; a bad override names step_precision.
     for field, read in (("checkpoint", lambda: resolve_policy(config.quantization, "auto")),
                         ("step_precision", lambda: resolve_policy(config.quantization, options.step_precision))):
