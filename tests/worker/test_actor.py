@@ -91,8 +91,9 @@ def _renderer_on_a_gpu(model, gpu: bool) -> fake.FakeRenderer:
 
 def test_the_sidecar_records_the_gpu_uuid_and_where_the_ops_came_from(cluster, tmp_path):
     m = _manifest(tmp_path)
+    Path(m.output_root).mkdir(exist_ok=True)  # the driver makes it at submit start; publishing never does
     worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(
-        m.model, _renderer_on_a_gpu, ORIGIN, 0)
+        m.model, _renderer_on_a_gpu, {**ORIGIN, "root": m.output_root}, 0)
     identity = ray.get(worker.ready.remote())
     ray.get(worker.render.remote(m.jobs[1], 1))
     ray.kill(worker)
