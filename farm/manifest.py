@@ -1,7 +1,7 @@
 """Render manifest v1: YAML -> validated, fully resolved `Job`s.
 
 `load()` checks everything before Ray starts and reports every problem at once, each with
-`file:line`, the job and the field (`city.yaml:14: jobs[2] (id=extend) -> size[0] (width): 1000 is not a
+`file:line`, the job and the field (`city.yaml:14: jobs[2] (id=extend) -> size[0]: width: 1000 is not a
 multiple of 16 (use 992 or 1008)`). The rules of the model are cosmos3's own, torch-free: the `model`
 section goes through `cosmos3.load_options` and every job's request through `cosmos3.request`, the very
 checks a worker's pipeline runs, so a manifest that validates renders; this module only says where in

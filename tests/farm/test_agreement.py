@@ -44,6 +44,7 @@ JOBS = [
     *_bounds("prompt", ["x"], ["", "   ", 3, None]),
     *_bounds("negative_prompt", ["", "blurry"], [3]),
     *_bounds("task", ["t2v", "t2i"], ["t3v", 3]),
+    *_bounds("sound", [False], [True, "yes"]),  # the test checkpoint has no sound_gen
     pytest.param({"prompt": None, "seed": 2**63, "size": [40, 8], "fps": NAN}, id="many-at-once(bad)"),
     # each task with each bad combination
     pytest.param({"task": "t2i", "frames": 1}, id="t2i-one-frame"),
