@@ -9,7 +9,10 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -29,6 +32,7 @@ from worker.actor import PipelineFactory, RenderWorker
 class Connection:
     owned: bool  # this process started the cluster (or the connection) and shuts it down
     dashboard_url: str | None
+    reaper: subprocess.Popen | None = None  # farm.reaper, watching over a cluster this process started
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,10 @@ def connect(address: str | None) -> Connection:
             "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")
         raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}{hint}") from err
     url = context.dashboard_url
-    return Connection(owned=True, dashboard_url=f"http://{url}" if url else None)
+    reaper = None if address or not Path("/proc").is_dir() else subprocess.Popen(
+        [sys.executable, "-m", "farm.reaper", str(os.getpid())], start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return Connection(owned=True, dashboard_url=f"http://{url}" if url else None, reaper=reaper)
 
 
 def _use_token_auth() -> bool:
@@ -92,6 +99,9 @@ def _check_reachable(address: str) -> None:
 def disconnect(connection: Connection) -> None:
     if connection.owned:
         ray.shutdown()
+    if connection.reaper is not None:  # the cluster is down: nothing is left for it to end
+        connection.reaper.terminate()
+        connection.reaper.wait()
 
 
 def _gpus(accelerator_type: str | None) -> int:

@@ -29,7 +29,7 @@ from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import CheckpointError, ConfigError, Problem as FieldProblem
 from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest, RequestRules
-from farm import document, fields, template as templates
+from farm import document, fields, storage, template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
 from farm.job import Job, ModelSpec, config_hash, fingerprint
@@ -97,7 +97,7 @@ class _Resolver:
         self.problems: list[Problem] = []
         self.job_ids: dict[int, str] = {}
         self._input_hashes: dict[str, str] = {}
-        self._fine_folders: set[Path] = set()  # output folders inside the root, out of its records
+        self._fine_folders: set[str] = set()  # output folders inside the root, out of its records
 
     def error(self, path: Path_, message: str) -> None:
         self.problems.append(Problem(self.doc.line(path), format_path(path, self.job_ids), message))
@@ -202,8 +202,6 @@ class _Resolver:
             template = None
         if root is None:
             return None, template
-        from farm import storage  # storage imports this module (for Job)
-
         resolved = (self.base / root).resolve()
         try:
             storage.check_root(resolved)
@@ -277,7 +275,7 @@ class _Resolver:
         return job_id
 
     def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path) -> None:
-        folder = Path(job.media).parent
+        folder = os.path.dirname(job.media)
         if folder not in self._fine_folders:  # every job's path, symlinks resolved (a folder found fine once)
             try:
                 templates.check_target(root, job.media, RECORDS_DIR)

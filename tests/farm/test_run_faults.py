@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from farm import cli, driver, lease, manifest, storage
+from farm import cli, driver, lease, manifest, reaper, storage
 from tests.farm import fakes
 from tests.farm.helpers import events, local_cluster, output_files, publish, state, temp_files, write_manifest
 from worker import fake
@@ -124,6 +124,26 @@ def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(ad
 
     report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
     assert report.ok and not temp_files(root)  # the dead driver's lease taken over at once: same host, pid gone
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="farm.reaper reads /proc")
+def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_path):
+    """Ray's dashboard and runtime-env agents outlived the driver (issue 14); farm.reaper ends them."""
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 300})
+    root = tmp_path / "out"
+    command = [sys.executable, "-m", "farm", "submit", str(path), "--pipeline", "worker.fake:factory", "--no-progress"]
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: _logged(root, "job_started"))
+    ours = reaper.descendants(reaper.processes(), run.pid)
+    assert len(ours) > 5  # gcs, raylet, dashboard, agents, workers, the reaper
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+
+    def left() -> dict[int, int]:
+        table = reaper.processes()
+        return {pid: start for pid, start in ours.items() if table.get(pid, (0, None))[1] == start}
+
+    _wait_for(lambda: not left(), timeout=60)
 
 
 # -- joining a cluster that uses token authentication ------------------------------------------------

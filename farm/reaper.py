@@ -1,0 +1,70 @@
+"""Ends an embedded Ray cluster's processes when its driver dies without shutting it down (SIGKILL, OOM killer).
+
+Ray fate-shares the head's processes with the driver that started them, but the agents its raylet starts
+(ray::DashboardAgent, ray::RuntimeEnvAgent) outlive a SIGKILLed driver. So `farm submit` starting a cluster
+of its own also starts this watcher, `python -m farm.reaper DRIVER_PID`, in a session of its own (Ctrl-C in
+the terminal does not reach it). Each second it notes the driver's descendants from /proc; once the driver is
+gone it SIGKILLs those still running, each checked to be the same process (pid and start time). The driver
+stops the watcher (SIGTERM) when it shuts its cluster down itself. Linux only (/proc); elsewhere it is not
+started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+EVERY = 1.0  # seconds between looks at the process table
+
+
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, start time in clock ticks) of every process this user can see."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (command) ": state, ppid, ... starttime
+        table[int(entry.name)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def descendants(table: dict[int, tuple[int, int]], root: int) -> dict[int, int]:
+    """pid -> start time of every process below `root`."""
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    found, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = table[pid][1]
+        todo += children.get(pid, [])
+    return found
+
+
+def watch(driver: int) -> list[int]:
+    """Waits for `driver` to end, then kills the descendants it had; returns their pids."""
+    started = processes()[driver][1]
+    known: dict[int, int] = {}
+    while (table := processes()).get(driver, (0, None))[1] == started:
+        known.update(descendants(table, driver))
+        known.pop(os.getpid(), None)
+        time.sleep(EVERY)
+    table = processes()
+    killed = [pid for pid, start in known.items() if table.get(pid, (0, None))[1] == start]
+    for pid in killed:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))
