@@ -32,13 +32,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cosmos3.errors import ConfigError, PipelineError
 from farm import lease, storage
-from farm.errors import StorageFault
+from farm.errors import OutputPathError, StorageFault
 from farm.events import RunLog
 from farm.job import Job, JobState
 from farm.metrics import RunMetrics
 
 RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
-USER_ERRORS = (PipelineError, ConfigError)  # the model refusing a job: every worker would refuse it
+# A job every worker would refuse: the model's rules, or an output path that leads out of the root (a symlink
+# made after validation).
+USER_ERRORS = (PipelineError, ConfigError, OutputPathError)
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's process to be gone
 
 
