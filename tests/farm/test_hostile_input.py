@@ -68,6 +68,25 @@ def test_hostile_manifest_is_refused_with_one_located_message(tmp_path, capsys, 
     assert [problem for problem in err[1:] if problem.startswith(f"{place}: ") and message in problem], err
 
 
+# Numbers YAML reads that no render can use (cosmos3.request's rules, which farm validate calls): a job
+# with guidance .nan rendered black and counted as done.
+NUMBERS = [
+    ("guidance: .nan", "guidance: nan is not a finite number >= 0"),
+    ("fps: .inf", "fps: inf is not a finite number > 0"),
+    (f"seed: {2**70}", f"seed: {2**70} is not a whole number in [0, 2**63)"),
+    (f"seeds: [1, {2**63}]", f"seeds[1]: seed: {2**63} is not a whole number in [0, 2**63)"),
+]
+
+
+@pytest.mark.parametrize("field, message", [pytest.param(*case, id=case[0].split(":")[0]) for case in NUMBERS])
+def test_a_number_no_render_can_use_is_refused_at_its_line(tmp_path, capsys, field, message):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    path.write_text(path.read_text().split("jobs:")[0] + f"jobs:\n  - {{id: a, prompt: x, {field}}}\n")
+    line = len(path.read_text().splitlines())
+    assert cli.main(["validate", str(path)]) == 1
+    assert capsys.readouterr().err.splitlines()[1:] == [f"test.yaml:{line}: jobs[0] (id=a) -> {message}"]
+
+
 def test_every_hostile_manifest_is_read_within_a_memory_bound(tmp_path):
     """In a process limited to 1 GiB of address space (the unbounded reader grew past 5 GB on the bomb)."""
     paths = [str(_write(tmp_path, name, data)) for name, data, _, _ in HOSTILE]
