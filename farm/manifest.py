@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3 import load_options, request as requests
+from cosmos3 import checkpoint_header, load_options, request as requests
 from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import CheckpointError, ConfigError, Problem as FieldProblem
 from cosmos3.load_options import LoadOptions
@@ -176,7 +176,8 @@ class _Resolver:
             return None
         root = root.resolve()
         try:
-            config = Cosmos3Config.from_json(root / "transformer" / "config.json")
+            # The loader's own checks, from the JSON and safetensors headers: refused here = refused at load.
+            config = checkpoint_header.inspect(root).config
             return root, config, RequestRules.from_checkpoint(root, config)
         except (ConfigError, CheckpointError) as err:
             self.error(where, str(err))

@@ -26,7 +26,8 @@ VAE = {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 16, "scale_fac
 
 def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = UNIPC) -> Path:
     """Just enough of the published layout for the driver and the fake pipelines, which load no weights: the
-    configs cosmos3 checks requests and load options against (transformer, scheduler, VAE)."""
+    configs cosmos3 checks requests and load options against (transformer, scheduler, VAE) and a whole
+    safetensors file, which validation reads the header of."""
     config: dict[str, Any] = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32}
     if static_fp8:
         config["quantization_config"] = STATIC_FP8_QUANT
@@ -34,7 +35,24 @@ def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = U
                        ("vae/config.json", VAE)):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(json.dumps(data))
+    write_weights(root / "transformer", static_fp8=static_fp8)
     return root
+
+
+def write_weights(directory: Path, *, static_fp8: bool) -> Path:
+    """One shard of stand-in tensors: a norm, and for static FP8 one e4m3 projection with its per-tensor scales."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"norm_moe_gen.weight": torch.ones(32, dtype=torch.bfloat16)}
+    if static_fp8:
+        tensors |= {"layers.0.self_attn.to_q.weight": torch.zeros(32, 32).to(torch.float8_e4m3fn),
+                    "layers.0.self_attn.to_q.weight_scale": torch.tensor(0.01),
+                    "layers.0.self_attn.to_q.input_scale": torch.tensor(0.02)}
+    for old in directory.glob("*.safetensors"):
+        old.unlink()
+    save_file(tensors, directory / "diffusion_pytorch_model.safetensors")
+    return directory
 
 
 def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaults: dict | None = None,

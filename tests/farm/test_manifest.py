@@ -6,6 +6,7 @@ in order (`{dir}` stands for the manifest's folder).
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -162,3 +163,50 @@ def test_forcing_another_precision_on_a_static_fp8_checkpoint_is_refused(tmp_pat
                           model={"checkpoint": "ckpt-fp8", "precision": precision})
     with pytest.raises(ManifestError, match=f"'{precision}' on a ModelOpt static FP8 checkpoint would re-quantize"):
         manifest.load(path)
+
+
+# -- checkpoint damage the headers show (issue 14): refused at validate with the loader's own message -------
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def _truncated(transformer: Path) -> None:
+    data = (transformer / WEIGHTS).read_bytes()
+    (transformer / WEIGHTS).write_bytes(data[:-10])
+
+
+def _garbage_header(transformer: Path) -> None:
+    data = bytearray((transformer / WEIGHTS).read_bytes())
+    data[8:24] = b"\x00garbage header\xff"
+    (transformer / WEIGHTS).write_bytes(bytes(data))
+
+
+def _missing_shard(transformer: Path) -> None:
+    index = {"weight_map": {"norm_moe_gen.weight": "diffusion_pytorch_model-00002-of-00002.safetensors"}}
+    (transformer / f"{WEIGHTS}.index.json").write_text(json.dumps(index))
+
+
+def _config(**fields):
+    def edit(transformer: Path) -> None:
+        config = json.loads((transformer / "config.json").read_text())
+        (transformer / "config.json").write_text(json.dumps({**config, **fields}))
+    return edit
+
+
+@pytest.mark.parametrize("damage,message", [
+    pytest.param(_truncated, "truncated", id="truncated-shard"),
+    pytest.param(_garbage_header, "the safetensors header is not JSON", id="garbage-header"),
+    pytest.param(_missing_shard, "shard files listed but not present", id="missing-shard"),
+    pytest.param(_config(hidden_size="192"), "hidden_size must be an integer, got '192'", id="hidden-size-string"),
+    pytest.param(_config(quantization_config="fp8"), "quantization_config must be an object", id="quant-config-string"),
+])
+def test_checkpoint_damage_is_refused_at_validate_with_the_loaders_message(tmp_path, capsys, damage, message):
+    from cosmos3 import load_transformer
+    from cosmos3.errors import Cosmos3Error
+
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    damage(tmp_path / "ckpt" / "transformer")
+    with pytest.raises(Cosmos3Error, match=message) as at_load:
+        load_transformer(tmp_path / "ckpt")
+    assert cli.main(["validate", str(path)]) == 1
+    assert f"model -> checkpoint: {at_load.value}" in capsys.readouterr().err  # names the file and the field
