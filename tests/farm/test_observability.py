@@ -74,7 +74,10 @@ def test_every_attempt_is_named_for_its_job(observed):
 
     def names() -> dict[str, int]:
         counts: dict[str, int] = {}
-        for task in list_tasks(filters=[("type", "=", "ACTOR_TASK")], limit=1000, raise_on_missing_output=False):
+        # This cluster's address: another Ray instance on the machine must not make the lookup ambiguous.
+        tasks = list_tasks(address=ray.get_runtime_context().gcs_address, filters=[("type", "=", "ACTOR_TASK")],
+                           limit=1000, raise_on_missing_output=False)
+        for task in tasks:
             if task.name.startswith("render:"):
                 counts[task.name] = counts.get(task.name, 0) + 1
         return counts

@@ -84,9 +84,11 @@ def test_scratch_of_dead_processes_on_this_host_is_swept_and_nothing_else():
 
 
 def test_an_mp4_encode_leaves_no_scratch_folder(tmp_path):
-    before = set(Path(tempfile.gettempdir()).glob("farm-encode-*"))
+    # Only this process's folders: other farm processes on the machine may be encoding meanwhile.
+    ours = f"{encode._scratch_prefix()}{os.getpid()}-*"
+    before = set(Path(tempfile.gettempdir()).glob(ours))
     encode.write_mp4(_frames(3, 16, 16), 8.0, tmp_path / "clip.mp4")
-    assert set(Path(tempfile.gettempdir()).glob("farm-encode-*")) == before
+    assert set(Path(tempfile.gettempdir()).glob(ours)) == before
 
 
 # -- sound --------------------------------------------------------------------------------------------
