@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cosmos3.checkpoint import TensorDict  # noqa: E402
+from cosmos3.checkpoint import SKIPPED, TensorDict  # noqa: E402
 from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
 from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
 from cosmos3.diffusers_model import reference_forward  # noqa: E402
@@ -148,7 +148,10 @@ def modelopt_fp8(cfg: dict, state: dict, vocab: int):
     with torch.device("cuda"):
         model = Cosmos3OmniTransformer(**cfg).to(torch.bfloat16).eval()
     model.time_embedder.float()
-    model.load_state_dict(state)
+    # A state made by our own model lacks the tensors our loader skips (lm_head, the UND final norm);
+    # diffusers keeps its own init for those, which generation never reads.
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= set(SKIPPED), f"missing {missing}, unexpected {unexpected}"
     ids = torch.randint(0, vocab, (512,), device="cuda")
     quantize(model, lambda m: reference_forward(m, ids, torch.randn(48, 1, 64, 64, device="cuda").bfloat16(), 500.0))
     with tempfile.TemporaryDirectory() as tmp:
