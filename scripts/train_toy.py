@@ -4,11 +4,14 @@
     python scripts/train_toy.py --out /tmp/toy --vae-steps 20 --steps 20    # a smoke run
     python scripts/train_toy.py --fp8-only            # re-export checkpoints/toy/fp8 from bf16 (ModelOpt)
 
-Stages: word-level tokenizer -> a small AutoencoderKLWan trained on drawn scenes -> latents of a fixed
-scene set -> diffusers' Cosmos3OmniTransformer trained by flow matching (EMA weights kept) -> the BF16
+Stages: word-level tokenizer -> a small AutoencoderKLWan trained on drawn scenes -> a small decoder-only
+Cosmos3AVAEAudioTokenizer trained to sound each clip's tone (toy.audio) -> latents of a fixed scene set
+(clips with their sound latents) -> diffusers' Cosmos3OmniTransformer trained by flow matching on
+vision and sound tokens together (EMA weights kept) -> the BF16
 checkpoint -> ModelOpt (cosmos3.fp8_export, ``pip install .[quantize]``) calibrates on real renders of
-our pipeline and writes the static FP8 checkpoint, with the published diffusion_step_policy -> accuracy
-of FP8 renders, read from their pixels. Everything is seeded: the same arguments on the same machine give the same files.
+our pipeline (sound on) and writes the static FP8 checkpoint, with the published diffusion_step_policy ->
+accuracy of FP8 renders, read from their pixels and their tones. Everything is seeded: the same arguments
+on the same machine give the same files.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from cosmos3.media import resize_cover_crop  # noqa: E402
 from cosmos3.pipeline import Cosmos3Pipeline  # noqa: E402
 from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
 from cosmos3.vae import WanVAE  # noqa: E402
-from toy import flow, measure, scenes  # noqa: E402
+from toy import audio, flow, measure, scenes  # noqa: E402
 from toy.layout import (  # noqa: E402
     PROMPT_WORDS,
     UNIPC_SCHEDULER,
@@ -77,7 +80,8 @@ TRANSFORMER_CONFIG = {
     "vocab_size": VOCAB_SIZE,
     # head_dim 32 -> 16 rotary frequencies, split T/H/W like the published [24, 20, 20] of 64.
     "rope_scaling": {"mrope_interleaved": True, "mrope_section": [6, 5, 5], "rope_type": "default"},
-    "sound_gen": False,
+    "sound_gen": True,  # clips carry their tone's latents (toy.audio), 25 per second as Nano's
+    "sound_dim": audio.SOUND_DIM,
     "action_gen": False,
 }
 
@@ -86,6 +90,7 @@ TRANSFORMER_CONFIG = {
 class Settings:
     seed: int
     vae_steps: int
+    sound_steps: int  # sound decoder optimizer steps
     images: int  # still scenes in the transformer's training set
     clips: int  # moving scenes in the transformer's training set
     steps: int  # transformer optimizer steps
@@ -203,6 +208,7 @@ class Bucket:
     ids: torch.Tensor  # [N, S]
     uncond_ids: torch.Tensor  # [S_uncond]: the negative branch the pipeline runs for this kind
     latents: torch.Tensor
+    sound: torch.Tensor | None  # [N, SOUND_DIM, T_s] for clips: their tones' latents (toy.audio.latents)
 
 
 def _prompt_ids(tokenizer: PromptTokenizer, caption: str, moving: bool, *, negative: bool) -> list[int]:
@@ -225,15 +231,16 @@ def encode_scenes(vae, tokenizer: PromptTokenizer, rng: np.random.Generator, set
             mu = vae.encode(x).latent_dist.mode()  # [B, C, T', H', W']
             for scene, latent in zip(batch, mu):
                 ids = _prompt_ids(tokenizer, scene.caption, moving, negative=False)
-                samples.setdefault((moving, len(ids)), []).append((ids, latent))
-    everything = torch.cat([lat.flatten(1) for group in samples.values() for _, lat in group], dim=1)  # [C, *]
+                samples.setdefault((moving, len(ids)), []).append((ids, latent, scene))
+    everything = torch.cat([lat.flatten(1) for group in samples.values() for _, lat, _ in group], dim=1)  # [C, *]
     mean, std = everything.mean(1), everything.std(1)
     buckets = []
     for (moving, _), group in sorted(samples.items()):
-        latents = torch.stack([lat for _, lat in group])
+        latents = torch.stack([lat for _, lat, _ in group])
         uncond = _prompt_ids(tokenizer, "", moving, negative=True)
-        buckets.append(Bucket(moving, torch.tensor([ids for ids, _ in group]), torch.tensor(uncond),
-                              (latents - mean.view(-1, 1, 1, 1)) / std.view(-1, 1, 1, 1)))
+        sound = torch.stack([audio.latents(scene) for _, _, scene in group]) if moving else None
+        buckets.append(Bucket(moving, torch.tensor([ids for ids, _, _ in group]), torch.tensor(uncond),
+                              (latents - mean.view(-1, 1, 1, 1)) / std.view(-1, 1, 1, 1), sound))
     return buckets, [round(v, 5) for v in mean.tolist()], [round(v, 5) for v in std.tolist()]
 
 
@@ -253,13 +260,14 @@ def _training_sigmas(count: int, moving: bool, generator: torch.Generator) -> to
 
 
 def _batch(bucket: Bucket, generator: torch.Generator):
-    """(ids [B, S], x0 [B, C, T, H, W]) drawn from one bucket; a CFG-dropout batch uses the negative ids."""
+    """(ids [B, S], x0 [B, C, T, H, W], sound x0 [B, D, T_s] or None) drawn from one bucket; a CFG-dropout
+    batch uses the negative ids."""
     size = CLIP_BATCH if bucket.moving else IMAGE_BATCH
     index = torch.randint(len(bucket.ids), (size,), generator=generator)
     ids = bucket.ids[index]
     if torch.rand(1, generator=generator).item() < CFG_DROPOUT:
         ids = bucket.uncond_ids.expand(size, -1)
-    return ids, bucket.latents[index]
+    return ids, bucket.latents[index], None if bucket.sound is None else bucket.sound[index]
 
 
 def train_transformer(buckets: list[Bucket], settings: Settings):
@@ -276,10 +284,11 @@ def train_transformer(buckets: list[Bucket], settings: Settings):
     start, running = time.perf_counter(), []
     for step in range(settings.steps):
         bucket = buckets[torch.multinomial(weights, 1, generator=generator).item()]
-        ids, x0 = _batch(bucket, generator)
+        ids, x0, sound_x0 = _batch(bucket, generator)
         sigma = _training_sigmas(len(ids), bucket.moving, generator)
         noise = torch.randn(x0.shape, generator=generator)
-        loss = flow.loss(model, ids, x0, sigma, noise, scenes.FPS if bucket.moving else None)
+        sound = None if sound_x0 is None else (sound_x0, torch.randn(sound_x0.shape, generator=generator))
+        loss = flow.loss(model, ids, x0, sigma, noise, scenes.FPS if bucket.moving else None, sound)
         _descend(optimizer, loss, _cosine_lr(step, settings.steps, settings.lr, warmup=100))
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
@@ -295,12 +304,13 @@ def train_transformer(buckets: list[Bucket], settings: Settings):
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def write_bf16(root: Path, vae, transformer) -> None:
+def write_bf16(root: Path, vae, sound_tokenizer, transformer) -> None:
     """The rest of the BF16 checkpoint in the published layout (``make_tokenizer`` wrote ``text_tokenizer/``)."""
     vae.save_pretrained(str(root / "vae"), safe_serialization=True)
+    sound_tokenizer.save_pretrained(str(root / "sound_tokenizer"), safe_serialization=True)
     # Shards small enough that the index exists, as in every published checkpoint.
     save_transformer(transformer, root / "transformer", max_shard_size="4MB")
-    write_pipeline_files(root, dict(UNIPC_SCHEDULER))
+    write_pipeline_files(root, dict(UNIPC_SCHEDULER), sound=True)
 
 
 def calibration_requests(seed: int) -> list:
@@ -315,18 +325,21 @@ def write_fp8(bf16: Path, fp8: Path, seed: int) -> None:
     export_fp8(bf16, fp8, calibration_requests(seed), step_policy=PUBLISHED_STEP_POLICY, max_shard_size="2MB")
 
 
-def evaluate(root: Path, seeds: int, seed: int) -> float:
-    """Share of renders whose pixels show the prompt's colours and position / motion."""
+def evaluate(root: Path, seeds: int, seed: int) -> tuple[float, float]:
+    """Shares of renders whose pixels show the prompt's colours and position / motion, and of clips whose
+    tone's pitch names the shape's colour."""
     pipe = Cosmos3Pipeline.from_pretrained(root, device="cpu")
     rng = np.random.default_rng(seed + 1)
-    hits = total = 0
+    hits = total = pitched = 0
     for moving in (False, True):
         for i in range(seeds):
             scene = scenes.random_scene(rng, moving=moving)
-            reading = measure.read(pipe(scenes.request(scene, seed=seed + i)).frames)
-            hits += measure.matches(scene, reading)
+            out = pipe(scenes.request(scene, seed=seed + i))
+            hits += measure.matches(scene, measure.read(out.frames))
             total += 1
-    return hits / total
+            if moving:
+                pitched += measure.colour_of_pitch(measure.pitch(out.sound, out.sampling_rate)) == scene.colour
+    return hits / total, pitched / max(1, seeds)
 
 
 def main() -> None:
@@ -334,6 +347,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "toy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vae-steps", type=int, default=1500)
+    parser.add_argument("--sound-steps", type=int, default=400)
     parser.add_argument("--images", type=int, default=6000)
     parser.add_argument("--clips", type=int, default=3000)
     parser.add_argument("--steps", type=int, default=3000)
@@ -341,7 +355,8 @@ def main() -> None:
     parser.add_argument("--eval-seeds", type=int, default=20, help="renders per kind in the final check (0: skip)")
     parser.add_argument("--fp8-only", action="store_true", help="keep <out>/bf16; re-export <out>/fp8 from it")
     args = parser.parse_args()
-    settings = Settings(args.seed, args.vae_steps, args.images, args.clips, args.steps, args.lr, args.eval_seeds)
+    settings = Settings(args.seed, args.vae_steps, args.sound_steps, args.images, args.clips, args.steps, args.lr,
+                        args.eval_seeds)
     start = time.perf_counter()
     bf16, fp8 = args.out / "bf16", args.out / "fp8"
     if args.fp8_only:
@@ -354,15 +369,17 @@ def main() -> None:
     rng = np.random.default_rng(settings.seed)
     tokenizer = make_tokenizer(bf16)
     vae = train_vae(settings, rng)
+    sound_tokenizer = audio.train_tokenizer(settings.sound_steps, settings.seed)
     buckets, mean, std = encode_scenes(vae, tokenizer, rng, settings)
     vae.register_to_config(latents_mean=mean, latents_std=std)
     transformer = train_transformer(buckets, settings)
-    write_bf16(bf16, vae, transformer)
+    write_bf16(bf16, vae, sound_tokenizer, transformer)
     write_fp8(bf16, fp8, settings.seed)
     print(f"wrote {bf16} and {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
     if settings.eval_seeds:
-        accuracy = evaluate(fp8, settings.eval_seeds, settings.seed)
-        print(f"fp8 renders matching their prompt: {accuracy:.0%} ({time.perf_counter() - start:.0f}s)")
+        accuracy, pitch = evaluate(fp8, settings.eval_seeds, settings.seed)
+        print(f"fp8 renders matching their prompt: {accuracy:.0%}, clips whose pitch names the colour: {pitch:.0%} "
+              f"({time.perf_counter() - start:.0f}s)")
 
 
 if __name__ == "__main__":

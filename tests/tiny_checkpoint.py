@@ -23,7 +23,6 @@ transformer: constructor arguments when ``Cosmos3OmniTransformer`` takes them, e
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 
 import torch
@@ -137,8 +136,6 @@ def _write_sound_tokenizer(path: Path, seed: int) -> None:
     torch.manual_seed(seed)
     tokenizer = Cosmos3AVAEAudioTokenizer(**TINY_SOUND_TOKENIZER)
     tokenizer.save_pretrained(str(path), safe_serialization=True)
-    index = path.parent / "model_index.json"
-    write_json(index, {**json.loads(index.read_text()), "sound_tokenizer": ["diffusers", "Cosmos3AVAEAudioTokenizer"]})
 
 
 def _scheduler_config(override: dict | None) -> dict:
@@ -159,7 +156,7 @@ def make_tiny_checkpoint(root: Path, *, seed: int = 0, sound: bool = False, **ov
     _write_transformer(root / "transformer", seed, overrides)
     _write_vae(root / "vae", seed, vae_overrides)
     write_tokenizer(root / "text_tokenizer", WORDS, vocab_size=VOCAB_SIZE)
-    write_pipeline_files(root, scheduler)
+    write_pipeline_files(root, scheduler, sound=sound)
     if sound:
         _write_sound_tokenizer(root / "sound_tokenizer", seed)
     return root

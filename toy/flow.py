@@ -9,7 +9,8 @@ forward and against our inference model.
 
 Objective (reference §4.2): ``x_s = (1 - s) x0 + s noise`` and the model predicts the velocity
 ``noise - x0`` at timestep ``1000 s``; UniPC's ``flow_prediction`` reads it back as
-``x0 = x_s - s v``, which is what the pipeline's sampler does.
+``x0 = x_s - s v``, which is what the pipeline's sampler does. A clip's sound latents, when given,
+follow the vision tokens in the GEN stream at the same noise level, as the pipeline denoises them.
 """
 
 from __future__ import annotations
@@ -75,24 +76,36 @@ def unpatchify(tokens: torch.Tensor, p: int, shape: tuple[int, int, int, int]) -
     return torch.einsum("bthwpqc->bcthpwq", x).reshape(tokens.shape[0], c, t, h, w)
 
 
-def rotary(model, text_length: int, grid: tuple[int, int, int], fps: float | None):
-    """cos/sin ``[S + N, hd]`` for a text prefix and a ``(T, Hp, Wp)`` vision grid, as diffusers' pipeline places them."""
+def rotary(model, text_length: int, grid: tuple[int, int, int], fps: float | None, sound_frames: int | None = None):
+    """cos/sin ``[S + N (+ T_s), hd]`` for a text prefix, a ``(T, Hp, Wp)`` vision grid and ``sound_frames`` sound
+    tokens, as diffusers' pipeline places them (sound shares the vision temporal offset, at sound_latent_fps)."""
     cfg = model.config
     text_ids, offset = get_3d_mrope_ids_text_tokens(text_length, 0, use_float_positions=cfg.enable_fps_modulation)
+    offset += cfg.unified_3d_mrope_temporal_modality_margin
     vision_ids, _ = get_3d_mrope_ids_vae_tokens(
-        *grid, offset + cfg.unified_3d_mrope_temporal_modality_margin, cfg.unified_3d_mrope_reset_spatial_ids,
+        *grid, offset, cfg.unified_3d_mrope_reset_spatial_ids,
         fps=fps if cfg.enable_fps_modulation else None, base_fps=float(cfg.base_fps),
         temporal_compression_factor=VAE_TEMPORAL_COMPRESSION,
     )
-    positions = torch.cat([text_ids.float(), vision_ids.float()], dim=1)  # [3, S + N]
+    segments = [text_ids.float(), vision_ids.float()]
+    if sound_frames is not None:
+        sound_ids, _ = get_3d_mrope_ids_vae_tokens(
+            sound_frames, 1, 1, offset, cfg.unified_3d_mrope_reset_spatial_ids,
+            fps=float(cfg.sound_latent_fps) if cfg.enable_fps_modulation else None, base_fps=float(cfg.base_fps),
+            temporal_compression_factor=1,
+        )
+        segments.append(sound_ids.float())
+    positions = torch.cat(segments, dim=1)  # [3, S + N (+ T_s)]
     device = model.proj_in.weight.device
     cos, sin = model.rotary_emb(positions.unsqueeze(1).to(device), device=device, dtype=model.proj_in.weight.dtype)
     return cos.squeeze(0), sin.squeeze(0)
 
 
-def predict(model, input_ids: torch.Tensor, latents: torch.Tensor, sigma: torch.Tensor, fps: float | None):
-    """Velocity tokens ``[B, N, p*p*C]`` for ``input_ids [B, S]``, noisy ``latents [B, C, T, H, W]``, ``sigma [B]``.
+def predict(model, input_ids: torch.Tensor, latents: torch.Tensor, sigma: torch.Tensor, fps: float | None,
+            sound: torch.Tensor | None = None):
+    """Velocities for ``input_ids [B, S]``, noisy ``latents [B, C, T, H, W]`` (and ``sound [B, D, T_s]``), ``sigma [B]``.
 
+    Returns vision tokens ``[B, N, p*p*C]`` and the sound velocity ``[B, D, T_s]`` (None without sound).
     Every frame is noisy (T2I / T2V); ``fps`` is None for images. The model must carry a
     ``BatchedMoTAttnProcessor`` (``model.set_attn_processor``).
     """
@@ -100,15 +113,21 @@ def predict(model, input_ids: torch.Tensor, latents: torch.Tensor, sigma: torch.
     p = cfg.latent_patch_size
     _, _, t, h, w = latents.shape
     text_length = input_ids.shape[1]
-    cos, sin = rotary(model, text_length, (t, h // p, w // p), fps)
+    cos, sin = rotary(model, text_length, (t, h // p, w // p), fps, None if sound is None else sound.shape[2])
     und = model.embed_tokens(input_ids)  # [B, S, H]
-    # The timestep embedding goes on every (noisy) vision token.
-    t_emb = model.time_embedder(model.time_proj(sigma * 1000.0 * cfg.timestep_scale))  # [B, H]
-    gen = model.proj_in(patchify(latents, p)) + t_emb[:, None].to(und.dtype)  # [B, N, H]
+    # The timestep embedding goes on every (noisy) vision and sound token.
+    t_emb = model.time_embedder(model.time_proj(sigma * 1000.0 * cfg.timestep_scale))[:, None].to(und.dtype)  # [B, 1, H]
+    gen = model.proj_in(patchify(latents, p)) + t_emb  # [B, N, H]
+    n_vision = gen.shape[1]
+    if sound is not None:
+        sound_tokens = model.audio_proj_in(sound.transpose(1, 2)) + model.audio_modality_embed + t_emb  # [B, T_s, H]
+        gen = torch.cat([gen, sound_tokens], dim=1)
     rotary_emb = (cos[:text_length], sin[:text_length], cos[text_length:], sin[text_length:])
     for layer in model.layers:
         und, gen = layer(und, gen, rotary_emb)
-    return model.proj_out(model.norm_moe_gen(gen))
+    gen = model.norm_moe_gen(gen)
+    sound_velocity = None if sound is None else model.audio_proj_out(gen[:, n_vision:]).transpose(1, 2)
+    return model.proj_out(gen[:, :n_vision]), sound_velocity
 
 
 def shift_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
@@ -117,9 +136,15 @@ def shift_sigmas(u: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 def loss(model, input_ids: torch.Tensor, x0: torch.Tensor, sigma: torch.Tensor, noise: torch.Tensor,
-         fps: float | None) -> torch.Tensor:
-    """Mean squared error of the predicted velocity against ``noise - x0`` at ``x_s = (1 - s) x0 + s noise``."""
+         fps: float | None, sound: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Mean squared error of the predicted velocity against ``noise - x0`` at ``x_s = (1 - s) x0 + s noise``.
+
+    ``sound``: a clip's ``(x0, noise)`` sound latents ``[B, D, T_s]``, noised alike; its error is added.
+    """
     s = sigma.view(-1, 1, 1, 1, 1)
     noisy = (1 - s) * x0 + s * noise
     target = patchify(noise - x0, model.config.latent_patch_size)
-    return F.mse_loss(predict(model, input_ids, noisy, sigma, fps), target)
+    noisy_sound = None if sound is None else (1 - s[..., 0, 0]) * sound[0] + s[..., 0, 0] * sound[1]
+    vision, sound_velocity = predict(model, input_ids, noisy, sigma, fps, noisy_sound)
+    error = F.mse_loss(vision, target)
+    return error if sound is None else error + F.mse_loss(sound_velocity, sound[1] - sound[0])

@@ -121,17 +121,17 @@ def write_tokenizer(path: Path, words: Iterable[str], *, vocab_size: int) -> Non
     )
 
 
-def write_pipeline_files(root: Path, scheduler: dict) -> None:
-    """``scheduler/scheduler_config.json`` and the ``model_index.json`` that names every component."""
+def write_pipeline_files(root: Path, scheduler: dict, *, sound: bool = False) -> None:
+    """``scheduler/scheduler_config.json`` and the ``model_index.json`` that names every component
+    (``sound``: a ``sound_tokenizer/`` too)."""
     write_json(root / "scheduler" / "scheduler_config.json", scheduler)
-    write_json(
-        root / "model_index.json",
-        {
-            "_class_name": "Cosmos3OmniPipeline",
-            "_diffusers_version": "0.37.1",
-            "scheduler": ["diffusers", scheduler["_class_name"]],
-            "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-            "transformer": ["diffusers", "Cosmos3OmniTransformer"],
-            "vae": ["diffusers", "AutoencoderKLWan"],
-        },
-    )
+    components = {
+        "scheduler": ["diffusers", scheduler["_class_name"]],
+        "text_tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+        "vae": ["diffusers", "AutoencoderKLWan"],
+    }
+    if sound:
+        components["sound_tokenizer"] = ["diffusers", "Cosmos3AVAEAudioTokenizer"]
+    write_json(root / "model_index.json", {"_class_name": "Cosmos3OmniPipeline", "_diffusers_version": "0.37.1",
+                                           **components})

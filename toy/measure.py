@@ -1,8 +1,10 @@
-"""Read a render back from its pixels: background colour, shape colour, where the shape is, where it goes.
+"""Read a render back from its pixels: background colour, shape colour, where the shape is, where it goes;
+and from its sound: the colour its tone's pitch names.
 
 Independent of any model: every pixel is classified to the nearest named colour of
 ``toy.scenes.COLOURS``; the background is the commonest class, the shape the commonest of the
 rest; the shape's centroid gives its position (nearest named anchor) and, across frames, its motion.
+A waveform's pitch is the peak of its (Hann-windowed) spectrum; its colour the nearest of ``PITCHES``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toy.scenes import COLOURS, MOTIONS, POSITIONS, Scene
+from toy.scenes import COLOURS, MOTIONS, PITCHES, POSITIONS, Scene
 
 NAMES = list(COLOURS)
 PALETTE = np.array([COLOURS[n] for n in NAMES], dtype=np.float32)  # [K, 3]
@@ -77,3 +79,15 @@ def matches(scene: Scene, reading: Reading) -> bool:
     """The render shows the scene's colours and its position (still) or direction (clip)."""
     where = reading.position == scene.position if scene.motion is None else reading.motion == scene.motion
     return reading.background == scene.background and reading.colour == scene.colour and where
+
+
+def pitch(samples: np.ndarray, rate: int) -> float:
+    """The strongest frequency (Hz) of a mono waveform ``[N]``, or of the channels' mean ``[channels, N]``."""
+    mono = samples.mean(0) if samples.ndim == 2 else samples
+    spectrum = np.abs(np.fft.rfft((mono - mono.mean()) * np.hanning(len(mono))))
+    return float(np.fft.rfftfreq(len(mono), 1.0 / rate)[spectrum.argmax()])
+
+
+def colour_of_pitch(hz: float) -> str:
+    """The colour whose tone is nearest ``hz``."""
+    return min(PITCHES, key=lambda name: abs(PITCHES[name] - hz))

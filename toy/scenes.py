@@ -4,6 +4,9 @@ A scene's caption is what the model learns from ("a red circle at the left on a 
 "a red circle moving to the left on a blue background"); ``draw`` paints its pixels, anti-aliased by
 supersampling so the VAE sees clean edges. Geometry is in fractions of the image side, so one scene
 draws at any size.
+
+A clip also sounds: a pure tone whose pitch names the shape's colour (``PITCHES``), swelling as the
+shape moves right or down and fading as it moves left or up (``loudness``); ``tone`` is its waveform.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ MOTIONS: dict[str, tuple[tuple[int, int], str]] = {
     "up": ((0, -1), "up"),
     "down": ((0, 1), "down"),
 }
+# The tone of each shape colour. Multiples of 25 Hz, the sound latent rate: every latent frame then holds
+# whole periods, so a frame's waveform does not depend on where the frame sits in the clip.
+PITCHES: dict[str, float] = {"black": 300.0, "red": 400.0, "green": 500.0, "blue": 600.0, "yellow": 700.0,
+                             "white": 800.0}
+TONE_PEAK = 0.5  # amplitude of the tone at full loudness
+QUIET, LOUD = 0.3, 1.0  # loudness at the start and end of a swell (reversed for a fade)
 CAPTION_WORDS = ["a", "at", "the", "on", "background", "moving", "to", *COLOURS, *SHAPES, *POSITIONS, "up", "down"]
 
 # What the toy checkpoint is trained on and renders: 96x96 (6x6 latents, 3x3 tokens), clips of 9
@@ -119,6 +128,21 @@ def draw(scene: Scene, *, size: int, frames: int = 1, rng: np.random.Generator) 
         alpha = _coverage(scene.shape, centre, radius, size)[..., None]  # [H, W, 1]
         out[i] = np.round(background * (1 - alpha) + colour * alpha).astype(np.uint8)
     return out
+
+
+def loudness(scene: Scene, progress: np.ndarray) -> np.ndarray:
+    """Loudness in [QUIET, LOUD] at ``progress`` (0 = first frame, 1 = last): it swells while the shape moves
+    right or down and fades while it moves left or up."""
+    dx, dy = MOTIONS[scene.motion][0]
+    rising = np.clip(progress, 0.0, 1.0) if dx + dy > 0 else 1.0 - np.clip(progress, 0.0, 1.0)
+    return QUIET + (LOUD - QUIET) * rising
+
+
+def tone(scene: Scene, samples: int, rate: int) -> np.ndarray:
+    """The clip's sound, float32 ``[samples]`` at ``rate`` Hz: the colour's pitch at its loudness."""
+    t = np.arange(samples) / rate
+    progress = t / (samples / rate)
+    return (TONE_PEAK * loudness(scene, progress) * np.sin(2 * np.pi * PITCHES[scene.colour] * t)).astype(np.float32)
 
 
 def request(scene: Scene, *, seed: int, steps: int = STEPS, guidance: float = GUIDANCE) -> RenderRequest:

@@ -37,7 +37,8 @@ def inputs(t, h, w, channels=4, vocab=64):
 
 
 def predict_latents(model, ids, latents, sigma, fps):
-    tokens = flow.predict(model, ids, latents, sigma, fps)
+    tokens, sound = flow.predict(model, ids, latents, sigma, fps)
+    assert sound is None
     return flow.unpatchify(tokens, model.config.latent_patch_size, tuple(latents.shape[1:]))
 
 
@@ -65,6 +66,28 @@ def test_batch_matches_our_inference_model(tmp_path, t, h, w, fps):
         torch.testing.assert_close(ours[i], expected, rtol=1e-4, atol=1e-5)
 
 
+SOUND_DIM, SOUND_FRAMES = 8, 10
+
+
+def test_a_clip_with_sound_matches_diffusers_forward_and_our_inference_model(tmp_path):
+    ref = tiny_reference(sound_gen=True, sound_dim=SOUND_DIM)
+    ref.save_pretrained(tmp_path / "transformer", safe_serialization=True)
+    model = load_transformer(tmp_path, dtype=torch.float32)
+    ids, latents, sigma = inputs(3, 4, 4)
+    sound = torch.randn(BATCH, SOUND_DIM, SOUND_FRAMES, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        tokens, sound_velocity = flow.predict(batched(ref), ids, latents, sigma, 8.0, sound)
+    vision = flow.unpatchify(tokens, ref.config.latent_patch_size, tuple(latents.shape[1:]))
+    assert sound_velocity.shape == (BATCH, SOUND_DIM, SOUND_FRAMES)
+    for i in range(BATCH):
+        t = 1000.0 * sigma[i].item()
+        expected, expected_sound = reference_forward(ref, ids[i], latents[i], t, fps=8.0, sound=sound[i])
+        torch.testing.assert_close(vision[i], expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(sound_velocity[i], expected_sound, rtol=1e-4, atol=1e-5)
+        ours = model(ids[i], latents[i], t, fps=8.0, sound_latents=sound[i])
+        torch.testing.assert_close(sound_velocity[i], ours.sound, rtol=1e-4, atol=1e-5)
+
+
 def test_patchify_round_trips():
     latents = torch.randn(2, 4, 3, 4, 6)
     assert torch.equal(flow.unpatchify(flow.patchify(latents, 2), 2, (4, 3, 4, 6)), latents)
@@ -76,10 +99,17 @@ def test_loss_is_zero_for_the_model_that_predicts_noise_minus_x0(monkeypatch):
     ids, x0, sigma = inputs(1, 4, 4)
     noise = torch.randn_like(x0)
 
-    def oracle(model, input_ids, noisy, s, fps):
+    sound_x0, sound_noise = torch.randn(BATCH, SOUND_DIM, SOUND_FRAMES), torch.randn(BATCH, SOUND_DIM, SOUND_FRAMES)
+
+    def oracle(model, input_ids, noisy, s, fps, sound=None):
         # UniPC's flow_prediction recovers x0 = x_s - s v; with v = noise - x0 that is exact.
         assert torch.allclose(noisy - s.view(-1, 1, 1, 1, 1) * (noise - x0), x0, atol=1e-5)
-        return flow.patchify(noise - x0, model.config.latent_patch_size)
+        velocity = flow.patchify(noise - x0, model.config.latent_patch_size)
+        if sound is None:
+            return velocity, None
+        assert torch.allclose(sound - s.view(-1, 1, 1) * (sound_noise - sound_x0), sound_x0, atol=1e-5)
+        return velocity, sound_noise - sound_x0
 
     monkeypatch.setattr(flow, "predict", oracle)
     assert flow.loss(ref, ids, x0, sigma, noise, None).item() == 0.0
+    assert flow.loss(ref, ids, x0, sigma, noise, None, (sound_x0, sound_noise)).item() == 0.0

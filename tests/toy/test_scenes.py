@@ -61,3 +61,18 @@ def test_every_caption_word_is_in_the_toy_vocabulary(tmp_path):
         for _ in range(20):
             ids = tokenizer(scenes.random_scene(rng, moving=moving).caption)["input_ids"]
             assert tokenizer.unk_token_id not in ids
+
+
+@pytest.mark.parametrize("colour", list(scenes.PITCHES))
+def test_a_clips_tone_reads_back_as_its_colour(colour):
+    scene = scenes.Scene("circle", colour, "black" if colour != "black" else "white", motion="left")
+    wave = scenes.tone(scene, 9000, 8000)
+    assert measure.pitch(wave, 8000) == pytest.approx(scenes.PITCHES[colour], abs=1.0)
+    assert measure.colour_of_pitch(measure.pitch(wave, 8000)) == colour
+
+
+@pytest.mark.parametrize("motion,swells", [("right", True), ("down", True), ("left", False), ("up", False)])
+def test_loudness_swells_moving_right_or_down_and_fades_moving_left_or_up(motion, swells):
+    wave = scenes.tone(scenes.Scene("square", "red", "blue", motion=motion), 9000, 8000)
+    first, last = np.abs(wave[:1000]).max(), np.abs(wave[-1000:]).max()
+    assert (last > 2 * first) if swells else (first > 2 * last)
