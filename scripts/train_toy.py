@@ -347,7 +347,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "toy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vae-steps", type=int, default=1500)
-    parser.add_argument("--sound-steps", type=int, default=400)
+    parser.add_argument("--sound-steps", type=int, default=300)
     parser.add_argument("--images", type=int, default=6000)
     parser.add_argument("--clips", type=int, default=3000)
     parser.add_argument("--steps", type=int, default=3000)
