@@ -3,6 +3,8 @@
     python scripts/train_toy.py                       # -> checkpoints/toy/{bf16,fp8}
     python scripts/train_toy.py --out /tmp/toy --vae-steps 20 --steps 20    # a smoke run
     python scripts/train_toy.py --fp8-only            # re-export checkpoints/toy/fp8 from bf16 (ModelOpt)
+    python scripts/train_toy.py --vae-from checkpoints/toy/bf16/vae         # keep a trained VAE, retrain the rest
+    python scripts/train_toy.py --vae-from V --transformer-from T --steps 300 --lr 3e-4   # fine-tune a trained one
 
 Stages: word-level tokenizer -> a small AutoencoderKLWan trained on drawn scenes -> a small decoder-only
 Cosmos3AVAEAudioTokenizer trained to sound each clip's tone (toy.audio) -> latents of a fixed scene set
@@ -270,12 +272,27 @@ def _batch(bucket: Bucket, generator: torch.Generator):
     return ids, bucket.latents[index], None if bucket.sound is None else bucket.sound[index]
 
 
-def train_transformer(buckets: list[Bucket], settings: Settings):
-    """Flow matching on the encoded scenes; returns the EMA of the weights (what sampling wants)."""
+def _start_from(model, folder: Path) -> None:
+    """A transformer this script trained before (``transformer/``), the sound head excepted if it had none."""
+    from safetensors.torch import load_file
+
+    state = {k: v for shard in sorted(folder.glob("*.safetensors")) for k, v in load_file(shard).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    new = [k for k in missing if not k.startswith("audio_")]
+    if new or unexpected:
+        raise ValueError(f"{folder} is not this toy's transformer: missing {new}, unexpected {unexpected}")
+    print(f"transformer starts from {folder} (new: {', '.join(missing) or 'nothing'})", flush=True)
+
+
+def train_transformer(buckets: list[Bucket], settings: Settings, start: Path | None = None):
+    """Flow matching on the encoded scenes (from ``start``'s weights, if given); returns the EMA of the
+    weights (what sampling wants)."""
     from diffusers import Cosmos3OmniTransformer
 
     torch.manual_seed(settings.seed)
     model = Cosmos3OmniTransformer(**TRANSFORMER_CONFIG)
+    if start is not None:
+        _start_from(model, start)
     model.set_attn_processor(flow.BatchedMoTAttnProcessor())
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=(0.9, 0.99), weight_decay=0.01)
@@ -347,6 +364,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "toy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vae-steps", type=int, default=1500)
+    parser.add_argument("--vae-from", type=Path, help="a VAE this script trained before (its vae/ folder): not retrained")
+    parser.add_argument("--transformer-from", type=Path,
+                        help="a transformer/ folder this script wrote before: fine-tuned (its sound head added)")
     parser.add_argument("--sound-steps", type=int, default=300)
     parser.add_argument("--images", type=int, default=6000)
     parser.add_argument("--clips", type=int, default=3000)
@@ -363,16 +383,24 @@ def main() -> None:
         write_fp8(bf16, fp8, settings.seed)
         print(f"wrote {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
         return
+    if args.transformer_from and bf16.resolve() in args.transformer_from.resolve().parents:
+        parser.error(f"--transformer-from {args.transformer_from} lies in {bf16}, which this run rewrites; copy it first")
+    vae = None
+    if args.vae_from:  # read before the old checkpoint (which may hold it) is removed
+        from diffusers import AutoencoderKLWan
+
+        vae = AutoencoderKLWan.from_pretrained(str(args.vae_from), low_cpu_mem_usage=False).eval()
     for old in (bf16, fp8):
         shutil.rmtree(old, ignore_errors=True)
 
-    rng = np.random.default_rng(settings.seed)
     tokenizer = make_tokenizer(bf16)
-    vae = train_vae(settings, rng)
+    if vae is None:
+        vae = train_vae(settings, np.random.default_rng(settings.seed))
     sound_tokenizer = audio.train_tokenizer(settings.sound_steps, settings.seed)
-    buckets, mean, std = encode_scenes(vae, tokenizer, rng, settings)
+    # Its own stream, so the scene set is the same whether the VAE was trained now or before.
+    buckets, mean, std = encode_scenes(vae, tokenizer, np.random.default_rng(settings.seed + 2), settings)
     vae.register_to_config(latents_mean=mean, latents_std=std)
-    transformer = train_transformer(buckets, settings)
+    transformer = train_transformer(buckets, settings, args.transformer_from)
     write_bf16(bf16, vae, sound_tokenizer, transformer)
     write_fp8(bf16, fp8, settings.seed)
     print(f"wrote {bf16} and {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
