@@ -38,9 +38,16 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def clips():
-    """The demo's clip jobs with their shape colour, parsed back from the prompt by the scene vocabulary."""
-    demo = manifest.load(REPO / "manifests" / "demo.yaml")
+def clips(tmp_path_factory):
+    """The demo's clip jobs with their shape colour, parsed back from the prompt by the scene vocabulary.
+
+    The manifest is read from a copy beside a temporary output root (the demo's ../renders need not exist).
+    """
+    folder = tmp_path_factory.mktemp("demo")
+    text = (REPO / "manifests" / "demo.yaml").read_text()
+    text = text.replace("../checkpoints/toy/fp8", str(ROOT / "fp8")).replace("../renders/demo", str(folder / "out"))
+    (folder / "demo.yaml").write_text(text)
+    demo = manifest.load(folder / "demo.yaml")
     jobs = [job for job in demo.jobs if job.request.task == "t2v"]
     assert len(jobs) >= 5
     return [(job, next(word for word in job.request.prompt.split() if word in scenes.PITCHES)) for job in jobs]
