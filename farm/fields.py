@@ -84,6 +84,21 @@ def duration(value: Any) -> float:
     return float(total)
 
 
+OUTPUT_FORMATS = ("png", "mp4", "wav")
+
+
+def outputs(value: Any) -> tuple[str, ...]:
+    """The files a job publishes: a non-empty list of distinct formats (png, mp4, wav)."""
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise Invalid(f"expected a list of formats ({', '.join(OUTPUT_FORMATS)}), {_got(value)}")
+    unknown = [v for v in value if v not in OUTPUT_FORMATS]
+    if unknown:
+        raise Invalid(f"{unknown[0]!r} is not a format; use {', '.join(OUTPUT_FORMATS)}")
+    if len(set(value)) < len(value):
+        raise Invalid(f"{next(v for v in value if value.count(v) > 1)} is listed twice")
+    return tuple(value)
+
+
 def seeds(value: Any) -> tuple[Any, ...]:
     """A sweep: a non-empty list without repeats; each seed is cosmos3's to check."""
     if not isinstance(value, list) or not value:

@@ -54,15 +54,28 @@ class Job:
     timeout: float  # seconds per attempt
     media: str  # absolute path of the PNG or MP4 this job publishes
     config_hash: str  # everything that changes the pixels; a sidecar with another hash is not "done"
+    wav: str | None = None  # absolute path of the WAV of the clip's sound (`outputs: [mp4, wav]`), else None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file the job publishes before its sidecar, in that order."""
+        return (self.media,) if self.wav is None else (self.media, self.wav)
 
 
-def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[str], str]) -> str:
-    """Hashes what decides the pixels: the request, its inputs' bytes and the model; not priority or retries."""
+def wav_beside(media: str | Path) -> Path:
+    """Where a clip's WAV goes: beside its MP4, same name (`city/dusk_s7.mp4` -> `city/dusk_s7.wav`)."""
+    return Path(media).with_suffix(".wav")
+
+
+def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[str], str],
+                outputs: tuple[str, ...]) -> str:
+    """Hashes what decides the published files: the request, its inputs' bytes, the model and the formats
+    written (a job that now also asks for a WAV is not done); not priority or retries."""
     fields = dict(vars(request))  # flat values: a shallow copy (asdict's deep copy was most of a 100k-seed sweep)
     for key in ("image", "video"):
         fields[key] = input_hash(fields[key]) if fields[key] else None
     identity = {"format": CONFIG_FORMAT, "request": fields, "checkpoint": model.fingerprint,
-                "load": vars(model.options)}
+                "load": vars(model.options), "outputs": list(outputs)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 

@@ -32,7 +32,7 @@ from cosmos3.request import RenderRequest, RequestRules
 from farm import document, fields, storage, template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
-from farm.job import Job, ModelSpec, config_hash, fingerprint
+from farm.job import Job, ModelSpec, config_hash, fingerprint, wav_beside
 from farm.storage import RECORDS_DIR
 
 VERSION = 1
@@ -55,7 +55,9 @@ _RUN_FIELDS: dict[str, tuple[fields.Checker, Any]] = {
     "timeout": (fields.duration, 1800.0),
     "priority": (fields.integer(), 0),
 }
-_JOB_KEYS = tuple(dict.fromkeys([*(_YAML_KEY.get(f, (f,))[0] for f in _REQUEST_FIELDS), *_RUN_FIELDS]))
+# The files a job publishes: its media (PNG for t2i, MP4 for video), and the WAV of a clip's sound on request.
+_OUTPUTS = "outputs"
+_JOB_KEYS = tuple(dict.fromkeys([*(_YAML_KEY.get(f, (f,))[0] for f in _REQUEST_FIELDS), *_RUN_FIELDS, _OUTPUTS]))
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ class _Resolver:
         self._keys(raw, ("defaults",), dict.fromkeys(_JOB_KEYS, False))
         for key, (check, _) in _RUN_FIELDS.items():
             self._value(raw, ("defaults", key), check)
+        self._value(raw, ("defaults", _OUTPUTS), fields.outputs)
         return raw
 
     def _job_list(self, top: dict) -> list:
@@ -259,8 +262,11 @@ class _Resolver:
             requests_ = [self._request(values, where, seed, model.rules) for seed in sweep]
             if not shaped or None in requests_ or None in (model.spec, job_id, run, name, root, template):
                 continue
+            outputs = self._outputs(raw, where, defaults, requests_[0], model.rules) if requests_ else None
+            if outputs is None:
+                continue
             for seed, request in zip(sweep, requests_, strict=True):
-                job = self._job(job_id, len(jobs), seed, request, run, model.spec, name, root, template)
+                job = self._job(job_id, len(jobs), seed, request, run, model.spec, name, root, template, outputs)
                 self._claim_media(job, where, owners, root)
                 jobs.append(job)
         return jobs
@@ -298,6 +304,33 @@ class _Resolver:
             run[key] = self._value(source, origin, check, default)
         return None if None in run.values() else run
 
+    def _outputs(self, raw: dict, where: Path_, defaults: dict, request: RenderRequest, rules: RequestRules
+                 ) -> tuple[str, ...] | None:
+        """The formats the job publishes (default: its media alone); None (reported) when it cannot write them.
+
+        A still is one PNG; a clip is an MP4 (with its sound track when it has sound) and, on request, a WAV of
+        that sound, which needs the job to render sound. A sweep's seeds share one task and sound setting.
+        """
+        media = "png" if request.task == "t2i" else "mp4"
+        if _OUTPUTS not in raw and media == "png":
+            return (media,)  # a still ignores the clips' `defaults: outputs`, as it ignores their frames and fps
+        origin = self._origin(raw, where, _OUTPUTS)
+        written = self._value(raw if _OUTPUTS in raw else defaults, origin, fields.outputs, (media,))
+        if written is None:
+            return None
+        if media == "png" and written != ("png",):
+            self.error(origin, "a t2i job publishes one PNG; outputs must be [png]")
+            return None
+        if media == "mp4" and ("mp4" not in written or "png" in written):
+            self.error(origin, f"a {request.task} job publishes an MP4, and a WAV of its sound on request; "
+                               "outputs must be [mp4] or [mp4, wav]")
+            return None
+        if "wav" in written and not request.sound:
+            why = "sound is false" if rules.sound.config is not None else f"the checkpoint cannot: {rules.sound.missing}"
+            self.error(origin, f"wav is the clip's sound, and this job renders none ({why}); drop wav from outputs")
+            return None
+        return written
+
     def _request_values(self, raw: dict, where: Path_, defaults: dict) -> tuple[dict[str, tuple[Any, Path_]], bool]:
         """Each request field a job sets, or inherits from `defaults`, with the YAML path it came from, and
         whether the YAML shapes were right (a `size` of [width, height], file paths as strings).
@@ -311,7 +344,7 @@ class _Resolver:
         values: dict[str, tuple[Any, Path_]] = {"task": (task, self._origin(raw, where, "task") if named else where)}
         ok = True
         for key in _JOB_KEYS:
-            if key in _RUN_FIELDS or key == "task" or (key not in raw and (key not in defaults or key in unused)):
+            if key in (*_RUN_FIELDS, _OUTPUTS, "task") or (key not in raw and (key not in defaults or key in unused)):
                 continue
             origin = self._origin(raw, where, key)
             value = raw[key] if key in raw else defaults[key]
@@ -364,15 +397,16 @@ class _Resolver:
         sweep = self._value(raw, (*where, "seeds"), fields.seeds)
         return [(seed, (*where, "seeds", i)) for i, seed in enumerate(sweep or ())]
 
-    def _job(self, job_id, order, seed, request: RenderRequest, run: dict, model: ModelSpec, name, root, template
-             ) -> Job:
+    def _job(self, job_id, order, seed, request: RenderRequest, run: dict, model: ModelSpec, name, root, template,
+             outputs: tuple[str, ...]) -> Job:
         key = job_id if seed is None else f"{job_id}@{request.seed}"
         relative = os.path.normpath(templates.render(template, dict(
             name=name, id=job_id, seed=request.seed, task=request.task, width=request.width, height=request.height,
             steps=request.steps)))
         media = root / (relative + (".png" if request.task == "t2i" else ".mp4"))
-        return Job(key=key, id=job_id, order=order, request=request, media=str(media),
-                   config_hash=config_hash(request, model, self._input_hash), **run)
+        wav = str(wav_beside(media)) if "wav" in outputs else None
+        return Job(key=key, id=job_id, order=order, request=request, media=str(media), wav=wav,
+                   config_hash=config_hash(request, model, self._input_hash, outputs), **run)
 
     # -- helpers -------------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """Shared storage: atomic publish, sidecars as commit markers, done checks, and the farm's own records.
 
-A render is *published* in two steps, each a temp file in the target folder, fsync, `os.replace`:
-first the media, then its JSON sidecar. The sidecar is the commit marker: a job is done only when its
-sidecar exists, records the job's current config hash, and the media's sha256 matches it. A crash at
+A render is *published* file by file, each a temp file in the target folder, fsync, `os.replace`:
+first the media (and the WAV of a clip's sound, when asked), then its JSON sidecar. The sidecar is the
+commit marker: a job is done only when its sidecar exists, records the job's current config hash, and
+the sha256 of every file it lists matches. A crash at
 any point leaves either nothing, a temp file (swept by the driver), or media without a sidecar
 (not done, rendered again). Temp names carry the attempt so two attempts never share one.
 """
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 from farm import template
 from farm.errors import StorageFault
-from farm.job import Job
+from farm.job import Job, wav_beside
 
 SIDECAR_FORMAT = 1
 RECORDS_DIR = ".farm"  # the farm's own records inside output.root; manifest templates may not write there
@@ -137,13 +138,20 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], **facts: Any) -> dict:
-    """The sidecar record: the job as resolved, what rendered it, and the media's sha256 (what `check_published` reads).
+def _file_record(path: str, published: tuple[str, int]) -> dict:
+    digest, size = published
+    return {"file": Path(path).name, "sha256": digest, "bytes": size}
+
+
+def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], wav: tuple[str, int] | None = None,
+                   **facts: Any) -> dict:
+    """The sidecar record: the job as resolved, what rendered it, and each file's sha256 (what `check_published`
+    reads): `media`, and `wav` when the job publishes one.
 
     `facts` are the render's provenance: manifest, checkpoint identity, precision and step policy used,
-    per-stage timings, node, GPU, start and end times.
+    per-stage timings, node, GPU, start and end times, the sound's rate and duration.
     """
-    digest, size = media
+    files = {"wav": _file_record(job.wav, wav)} if wav is not None else {}
     return {
         "format": SIDECAR_FORMAT,
         "key": job.key,
@@ -152,7 +160,8 @@ def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], **f
         "attempt": attempt,
         "seed": job.request.seed,
         "job": dataclasses.asdict(job),
-        "media": {"file": Path(job.media).name, "sha256": digest, "bytes": size},
+        "media": _file_record(job.media, media),
+        **files,
         **facts,
     }
 
@@ -178,11 +187,17 @@ def check_published(media: str | Path, config_hash: str, attempt: tuple[str, int
         return "sidecar records another config"
     if attempt is not None and (sidecar.get("run"), sidecar.get("attempt")) != attempt:
         return f"sidecar is from run {sidecar.get('run')} attempt {sidecar.get('attempt')}, not {attempt}"
-    try:
-        actual = sha256_file(Path(media))
-    except OSError:
-        return "media missing"
-    return None if actual == (sidecar.get("media") or {}).get("sha256") else "media does not match its sidecar"
+    files = {"media": Path(media)}
+    if "wav" in sidecar:
+        files["wav"] = wav_beside(media)
+    for name, path in files.items():
+        try:
+            actual = sha256_file(path)
+        except OSError:
+            return f"{name} missing"
+        if actual != (sidecar.get(name) or {}).get("sha256"):
+            return f"{name} does not match its sidecar"
+    return None
 
 
 def is_done(job: Job) -> bool:
@@ -191,10 +206,9 @@ def is_done(job: Job) -> bool:
 
 def discard_temps(job: Job) -> int:
     """Removes temp files that earlier attempts of `job` left (a worker killed mid-write). Returns how many."""
-    final = Path(job.media)
     removed = 0
-    for pattern in (f".{final.name}.a*.tmp", f".{sidecar_path(final).name}.a*.tmp"):
-        for temp in final.parent.glob(pattern):
+    for final in map(Path, (*job.files, sidecar_path(job.media))):
+        for temp in final.parent.glob(f".{final.name}.a*.tmp"):
             temp.unlink(missing_ok=True)
             removed += 1
     return removed

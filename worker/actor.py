@@ -34,6 +34,8 @@ class Output(Protocol):
     timings: dict
     info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}}
     memory: dict  # peak GPU bytes, see MEMORY_FIELDS (None where they do not apply)
+    sound: Any  # numpy float32 [channels, N], or None for a silent render
+    sampling_rate: int | None  # Hz of `sound`
 
 
 # Every sidecar carries these keys; a figure that does not apply (GPU memory on a CPU worker, a fake
@@ -134,17 +136,23 @@ class RenderWorker:
         return self._identity
 
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
-        """Renders `job`, publishes media then sidecar, returns a small summary for the driver."""
+        """Renders `job`, publishes media (its sound muxed in), the WAV if asked, then the sidecar, and returns
+        a small summary for the driver."""
         started = time.time()
         output = self._renderer(job.request, StepProgress(self._progress, job.key))
         rendered = time.time()
+        sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
+        if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
+            raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
         encoded: list[float] = []
 
         def write(temp: Path) -> None:
-            encode.write_media(output.frames, output.fps, temp, image=job.request.task == "t2i")
+            encode.write_media(output.frames, output.fps, temp, image=job.request.task == "t2i", sound=sound)
             encoded.append(time.time() - rendered)
 
         media = storage.publish(Path(job.media), attempt, write, root=self._origin["root"])
+        wav = None if job.wav is None else storage.publish(
+            Path(job.wav), attempt, lambda temp: encode.write_wav(sound, temp), root=self._origin["root"])
         finished = time.time()
         # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
         timings = {**output.timings, "media_encode": encoded[0], "publish": finished - rendered}
@@ -156,7 +164,8 @@ class RenderWorker:
             "worker_start": self._start,
         }
         record = storage.sidecar_record(
-            job, self._origin["run"], attempt, media, manifest=self._origin, worker=self._identity,
+            job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
+            manifest=self._origin, worker=self._identity,
             checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
             step_policy=output.info.get("step_policy"), attention=output.info.get("attention"),
             started=started, finished=finished, **figures,

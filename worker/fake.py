@@ -1,4 +1,5 @@
-"""A stand-in pipeline that sleeps instead of denoising and paints a flat colour per seed.
+"""A stand-in pipeline that sleeps instead of denoising and paints a flat colour per seed (and hums, on a
+checkpoint with sound).
 
 For trying a cluster's plumbing without model weights (`farm submit m.yaml --pipeline worker.fake:factory`),
 for the scheduler benchmark and for tests. It honours the job's size, frames, fps and steps, so outputs,
@@ -24,12 +25,20 @@ class FakeOutput:
     timings: dict
     info: dict = field(default_factory=lambda: {"precision": "fake", "step_policy": None, "checkpoint": {}})
     memory: dict = field(default_factory=dict)  # no GPU: every memory figure is None in the sidecar
+    sound: np.ndarray | None = None  # float32 [channels, N]
+    sampling_rate: int | None = None
 
 
 def paint(request: RenderRequest) -> np.ndarray:
     """Frames of one colour derived from the seed, so different seeds give different files."""
     colour = np.random.default_rng(request.seed).integers(0, 256, size=3, dtype=np.uint8)
     return np.broadcast_to(colour, (request.frames, request.height, request.width, 3)).copy()
+
+
+def hum(samples: int, rate: int, channels: int) -> np.ndarray:
+    """A 440 Hz tone of the clip's length for a checkpoint with sound: ``float32 [channels, samples]``."""
+    tone = 0.3 * np.sin(2 * np.pi * 440.0 * np.arange(samples) / rate)
+    return np.repeat(tone[None], channels, axis=0).astype(np.float32)
 
 
 class FakeRenderer:
@@ -51,7 +60,11 @@ class FakeRenderer:
             callback(step, plan.steps)
             steps.append(time.perf_counter() - start)
         timings = {"tokenize": 0.0, "vae_encode": None, "und": 0.0, "steps": steps, "vae_decode": 0.0, "total": sum(steps)}
-        return FakeOutput(paint(plan), plan.fps, timings)
+        if plan.sound_samples is None:
+            return FakeOutput(paint(plan), plan.fps, timings)
+        rate, channels = self.rules.sound.config.sampling_rate, self.rules.sound.config.channels
+        return FakeOutput(paint(plan), plan.fps, timings, sound=hum(plan.sound_samples, rate, channels),
+                          sampling_rate=rate)
 
 
 def factory(model: ModelSpec, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:

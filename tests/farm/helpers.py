@@ -22,17 +22,24 @@ STATIC_FP8_QUANT = {
 
 UNIPC = {"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True}
 VAE = {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 16, "scale_factor_temporal": 4}
+# A sound tokenizer's config: 8 kHz over a 320-sample hop, stereo (what sizes a clip's sound).
+SOUND_TOKENIZER = {"_class_name": "Cosmos3AVAEAudioTokenizer", "sampling_rate": 8000, "vocoder_input_dim": 8,
+                   "dec_strides": [4, 8, 10], "dec_out_channels": 2}
 
 
-def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = UNIPC) -> Path:
+def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = UNIPC, sound: bool = False) -> Path:
     """Just enough of the published layout for the driver and the fake pipelines, which load no weights: the
-    configs cosmos3 checks requests and load options against (transformer, scheduler, VAE) and a whole
-    safetensors file, which validation reads the header of."""
+    configs cosmos3 checks requests and load options against (transformer, scheduler, VAE, sound tokenizer)
+    and a whole safetensors file, which validation reads the header of."""
     config: dict[str, Any] = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32}
     if static_fp8:
         config["quantization_config"] = STATIC_FP8_QUANT
-    for path, data in (("transformer/config.json", config), ("scheduler/scheduler_config.json", scheduler),
-                       ("vae/config.json", VAE)):
+    files = [("transformer/config.json", config), ("scheduler/scheduler_config.json", scheduler),
+             ("vae/config.json", VAE)]
+    if sound:
+        config.update(sound_gen=True, sound_dim=SOUND_TOKENIZER["vocoder_input_dim"])
+        files.append(("sound_tokenizer/config.json", SOUND_TOKENIZER))
+    for path, data in files:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(json.dumps(data))
     write_weights(root / "transformer", static_fp8=static_fp8)
@@ -56,9 +63,10 @@ def write_weights(directory: Path, *, static_fp8: bool) -> Path:
 
 
 def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaults: dict | None = None,
-                   model: dict | None = None, output: dict | None = None) -> Path:
-    """A small, fast manifest in `folder` (tiny frames, few steps) with a checkpoint beside it."""
-    make_checkpoint(folder / "ckpt")
+                   model: dict | None = None, output: dict | None = None, sound: bool = False) -> Path:
+    """A small, fast manifest in `folder` (tiny frames, few steps) with a checkpoint beside it (`sound`: one
+    that generates sound)."""
+    make_checkpoint(folder / "ckpt", sound=sound)
     doc = {
         "version": 1, "name": name,
         "model": {"checkpoint": "ckpt", **(model or {})},

@@ -87,6 +87,41 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of(base, model={"precision": "bf16"}) != original
 
 
+def test_sound_follows_the_checkpoint_and_a_wav_sits_beside_its_mp4(tmp_path):
+    jobs = [{"id": "clip", "prompt": "a", "outputs": ["mp4", "wav"]}, {"id": "silent", "prompt": "b", "sound": False},
+            {"id": "still", "task": "t2i", "prompt": "c"}]
+    clip, silent, still = manifest.load(write_manifest(tmp_path, jobs, sound=True)).jobs
+    assert (clip.request.sound, silent.request.sound, still.request.sound) == (True, False, False)
+    assert clip.wav == str(tmp_path / "out" / "test" / "clip_s0.wav") and clip.files == (clip.media, clip.wav)
+    assert (silent.wav, still.wav, still.files) == (None, None, (still.media,))
+
+
+def test_defaults_outputs_apply_to_clips_and_leave_stills_one_png(tmp_path):
+    jobs = [{"id": "clip", "prompt": "a"}, {"id": "still", "task": "t2i", "prompt": "b"}]
+    clip, still = manifest.load(write_manifest(tmp_path, jobs, sound=True, defaults={"outputs": ["mp4", "wav"]})).jobs
+    assert clip.wav is not None and still.files == (still.media,)
+
+
+def test_a_wav_of_a_clip_whose_sound_is_off_is_refused(tmp_path):
+    jobs = [{"id": "clip", "prompt": "a", "sound": False, "outputs": ["mp4", "wav"]}]
+    with pytest.raises(ManifestError, match=r"outputs: wav is the clip's sound, and this job renders none "
+                                            r"\(sound is false\); drop wav from outputs"):
+        manifest.load(write_manifest(tmp_path, jobs, sound=True))
+
+
+def test_config_hash_follows_sound_and_the_files_published(tmp_path):
+    def hash_of(job: dict) -> str:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        return manifest.load(write_manifest(folder, [job], sound=True)).jobs[0].config_hash
+
+    base = {"id": "a", "prompt": "a red circle"}
+    original = hash_of(base)
+    assert hash_of({**base, "sound": True}) == original  # unset already means on, on this checkpoint
+    assert hash_of({**base, "sound": False}) != original
+    assert hash_of({**base, "outputs": ["mp4", "wav"]}) != original  # a done MP4 alone is not a done MP4 + WAV
+
+
 def test_config_hash_changes_when_the_checkpoint_config_changes(tmp_path):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     before = manifest.load(path).jobs[0].config_hash
