@@ -92,23 +92,22 @@ def prepare_root(root: str | Path) -> None:
 
 
 def check_root(root: str | Path) -> None:
-    """The output root exists (or can be made in an existing folder) and this process can write there.
+    """The output root is a folder this process can write, or can be made (with its missing folders) in the
+    nearest folder that exists, which `prepare_root` does at submit start.
 
     # Raises: StorageFault naming what is wrong.
     """
     root = Path(root)
-    folder = next((p for p in (root, *root.parents) if p.exists()), None)
-    if folder is None or not folder.is_dir():
+    folder = next(p for p in (root, *root.parents) if p.exists())  # "/" exists
+    missing = "" if folder == root else f" (missing: it would be made in {folder}; is the share mounted?)"
+    if not folder.is_dir():
         raise StorageFault(f"output root {root}: {folder} is not a directory")
-    if folder != root and folder != root.parent:
-        raise StorageFault(f"output root {root} is missing, and so is its folder {root.parent} "
-                           "(is the share mounted? create the root first)")
     if os.statvfs(folder).f_flag & os.ST_RDONLY:
         raise StorageFault(f"output root {root}: {folder} is on a read-only file system; "
-                           "mount it read-write or pick another output.root")
+                           f"mount it read-write or pick another output.root{missing}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise StorageFault(f"output root {root}: {folder} is not writable by this user (uid {os.getuid()}); "
-                           "fix its permissions or pick another output.root")
+                           f"fix its permissions or pick another output.root{missing}")
 
 
 def _fsync_and_hash(path: Path) -> tuple[str, int]:

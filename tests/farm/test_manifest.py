@@ -161,8 +161,10 @@ def test_example_manifest_is_valid_but_for_the_cluster_files_it_names():
         manifest.load(EXAMPLE)
     problems = caught.value.problems
     # Without a checkpoint there are no request rules to check the jobs by (its i2v input is missing too).
-    assert [p.where for p in problems] == ["model -> checkpoint", "output -> root"]
-    assert all(word in p.message for p, word in zip(problems, ["is not a directory", "share mounted?"], strict=True))
+    assert problems[0].where == "model -> checkpoint" and "is not a directory" in problems[0].message
+    # /mnt/renders/harbour-city is missing here: refused only where /mnt cannot be written (test_run_faults
+    # checks a read-only root).
+    assert all(p.where == "output -> root" and "is the share mounted?" in p.message for p in problems[1:])
 
 
 def distilled(folder: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from farm import manifest, storage
+from farm.errors import StorageFault
 from tests.farm.helpers import output_files, publish, write_manifest
 
 RUN = "run-1"
@@ -80,3 +81,17 @@ def test_discard_temps_removes_only_this_jobs_leftovers(tmp_path, job):
 
     assert storage.discard_temps(job) == 2
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in others)
+
+
+def test_a_missing_root_is_made_at_submit_start_in_the_nearest_folder_that_exists(tmp_path):
+    root = tmp_path / "renders" / "demo"
+    storage.check_root(root)  # nothing made by the check
+    assert not (tmp_path / "renders").exists()
+    storage.prepare_root(root)
+    assert (root / ".farm").is_dir()
+
+
+def test_a_root_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "out").write_text("not a folder")
+    with pytest.raises(StorageFault, match=r"output root .*/out/city: .*/out is not a directory"):
+        storage.check_root(tmp_path / "out" / "city")
