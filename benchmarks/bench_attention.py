@@ -26,11 +26,15 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_transformer import timed  # noqa: E402
 from cosmos3.layers.attention_kernels import (  # noqa: E402
-    CudnnFp8Kernel, SdpaKernel, exact_attention, fp8_attention_reference, fp8_inputs,
+    CudnnFp8Kernel,
+    SdpaKernel,
+    exact_attention,
+    fp8_attention_reference,
+    fp8_inputs,
 )
 from cosmos3.layers.rope import MRoPE, apply_rope, grid_positions, text_positions  # noqa: E402
-from benchmarks.bench_transformer import timed  # noqa: E402
 
 GRIDS = {1024: (1, 32, 32), 44160: (48, 23, 40)}  # patch grid (T, Hp, Wp) of each GEN token count
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, TEXT = 32, 8, 128, 4096, 512

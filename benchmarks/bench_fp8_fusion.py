@@ -56,7 +56,7 @@ def analyse(fp8: CheckpointFiles, bf16: CheckpointFiles) -> dict:
             scales = [fp8.get(f"{n}.weight_scale").float() for n in names]
             fused_scale = torch.stack(scales).max()
             altered = 0
-            for name, scale in zip(names, scales):
+            for name, scale in zip(names, scales, strict=True):
                 q = fp8.get(f"{name}.weight")
                 exact = q.float() * scale  # what the checkpoint says, kept by the split topology
                 requant = ops.quantize_fp8((exact / fused_scale).contiguous(), torch.ones(1))

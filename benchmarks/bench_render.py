@@ -79,8 +79,8 @@ def do_write(args) -> dict:
 
 
 def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str]) -> Path:
-    import numpy as np
     import imageio.v3 as iio
+    import numpy as np
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ def do_diffusers(args) -> dict:
     pipe(prompt=PROMPT, negative_prompt="", num_frames=job["frames"], width=job["size"][0], height=job["size"][1],
          fps=24.0, num_inference_steps=args.steps, guidance_scale=job["guidance"], output_type="latent",
          generator=torch.Generator("cpu").manual_seed(0), callback_on_step_end=on_step)
-    steps = [b - a for a, b in zip([begin, *stamps[:-1]], stamps)]  # the first includes tokenize + set-up
+    steps = [b - a for a, b in zip([begin, *stamps[:-1]], stamps, strict=True)]  # the first includes tokenize + set-up
     return {"kind": "diffusers", "machine": machine(), "steps": steps, "load_seconds": load,
             "resident_bytes": resident, "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
@@ -285,8 +285,9 @@ def targets(farm: dict, diffusers: dict | None, bf16: dict | None) -> list[str]:
         if diffusers:
             ours = statistics.median(native_steps(jobs["t2v"]))
             theirs = statistics.median(diffusers["steps"][1:] or diffusers["steps"])
+            met = "yes" if theirs / ours >= 1.5 else "no"
             lines.append(f"| FP8 per step >= 1.5x diffusers per step (same weights, BF16) | ours {ours:.2f} s, "
-                         f"diffusers {theirs:.2f} s: {theirs / ours:.2f}x | {'yes' if theirs / ours >= 1.5 else 'no'} |")
+                         f"diffusers {theirs:.2f} s: {theirs / ours:.2f}x | {met} |")
         if bf16 and "t2v" in bf16["sidecars"]:
             ratio = bf16["sidecars"]["t2v"]["gpu_seconds"] / jobs["t2v"]["gpu_seconds"]
             lines.append(f"| FP8 vs BF16 clip, end to end | {ratio:.2f}x | (report) |")
@@ -324,8 +325,8 @@ def direct_tables(r: dict) -> list[str]:
              f"| checkpoint read | {load['checkpoint_bytes'] / 1e9:.2f} GB at {_s(load['checkpoint_gb_per_s'])} GB/s |"]
     for i, job in enumerate(r["t2i"]):
         steps = job["timings"]["steps"]
-        lines.append(f"| T2I job {i + 1}: UND s / denoising (50 steps) s / steps median s | {job['timings']['und']:.3f} / "
-                     f"{sum(steps):.3f} / {statistics.median(steps):.4f} |")
+        lines.append(f"| T2I job {i + 1}: UND s / denoising (50 steps) s / steps median s | "
+                     f"{job['timings']['und']:.3f} / {sum(steps):.3f} / {statistics.median(steps):.4f} |")
     for d in r["decodes"]:
         lines.append(f"| T2V decode ({'tiled' if d['tiled'] else 'untiled'}): s / resident / peak allocated / peak "
                      f"reserved GiB | {d['seconds']:.2f} / {_gib(d['resident_bytes'])} / "

@@ -106,7 +106,7 @@ def _stats(runs: list[tuple], publish: list[float]) -> dict:
     gaps = []
     for slot in {r[4] for r in runs}:
         mine = sorted((start, end) for _, _, start, end, s in runs if s == slot)
-        gaps += [nxt[0] - prev[1] for prev, nxt in zip(mine, mine[1:])]
+        gaps += [nxt[0] - prev[1] for prev, nxt in zip(mine, mine[1:], strict=False)]
     return {"overhead": overhead, "publish": publish, "gaps": gaps}
 
 

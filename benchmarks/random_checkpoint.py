@@ -34,7 +34,14 @@ import torch
 from cosmos3.config import QuantConfig
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant.fp8_static import FP8, FP8_MAX
-from toy.layout import PROMPT_WORDS, PUBLISHED_ONLY_KEYS, UNIPC_SCHEDULER, write_json, write_pipeline_files, write_tokenizer
+from toy.layout import (
+    PROMPT_WORDS,
+    PUBLISHED_ONLY_KEYS,
+    UNIPC_SCHEDULER,
+    write_json,
+    write_pipeline_files,
+    write_tokenizer,
+)
 
 # Nano transformer/config.json (reference §2.1); keys diffusers' constructor takes.
 NANO = {
@@ -200,7 +207,7 @@ def write_transformer(directory: Path, *, variant: str, transformer: dict = NANO
     plan = _shards(plan_entries(transformer, variant), shard_bytes)
     names = [f"diffusion_pytorch_model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
     weight_map, total = {}, 0
-    for name, shard in zip(names, plan):
+    for name, shard in zip(names, plan, strict=True):
         content = {}
         for entry in shard:
             for key, tensor in tensors_of(entry, seed, device).items():

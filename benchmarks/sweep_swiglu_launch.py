@@ -18,7 +18,7 @@ from bench_swiglu import copy_tbps, machine_line, median_ms
 from cosmos3 import ops, ops_loader
 from cosmos3.launch_table import LaunchParams
 
-M, I = 32760, 16384
+M, I = 32760, 16384  # noqa: E741 - the kernels' M x I (tokens x intermediate) notation
 CONFIGS = [LaunchParams(t, v) for t in (64, 128, 256, 512, 1024) for v in (1, 2, 4) if t * v <= 1024]
 
 
@@ -31,7 +31,7 @@ def sweep(ext, sm: int, op: str, variants: dict[str, tuple], reps: int, copy: fl
         ops_loader.set_launch_params(ext, sm, {op: params})
         times = [median_ms(fn, reps) for fn, _ in variants.values()]
         cells = [f"{ms:.4f} | {100 * nbytes / ms / 1e9 / copy:5.1f}%"
-                 for ms, (_, nbytes) in zip(times, variants.values())]
+                 for ms, (_, nbytes) in zip(times, variants.values(), strict=True)]
         print(f"| {params.threads:7d} | {params.vectors_per_thread:14d} | " + " | ".join(cells) + " |")
         if times[0] < best_ms:
             best, best_ms = params, times[0]

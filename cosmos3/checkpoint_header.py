@@ -134,7 +134,8 @@ def _weight_map(directory: Path) -> dict[str, str]:
     files = sorted(directory.glob("*.safetensors"))
     if len(files) != 1:
         raise CheckpointError(
-            f"{directory}: expected one *.safetensors file or an *.safetensors.index.json, found {[f.name for f in files]}"
+            f"{directory}: expected one *.safetensors file or an *.safetensors.index.json, "
+            f"found {[f.name for f in files]}"
         )
     return {key: files[0].name for key in read_header(files[0])}
 

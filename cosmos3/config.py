@@ -17,7 +17,6 @@ from typing import Any
 from cosmos3.errors import ConfigError
 
 
-
 @dataclass(frozen=True)
 class QuantConfig:
     """The parts of ``quantization_config`` that decide how Linears compute (reference §5.3)."""
@@ -180,7 +179,9 @@ class Cosmos3Config:
         try:
             raw = json.loads(path.read_text())
         except FileNotFoundError:
-            raise ConfigError(f"{path}: no transformer config.json here (pass the checkpoint root or its transformer/ dir)")
+            raise ConfigError(
+                f"{path}: no transformer config.json here (pass the checkpoint root or its transformer/ dir)"
+            ) from None
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path}: not valid JSON ({err})") from None
         try:
@@ -230,7 +231,8 @@ SOUND_TOKENIZER_CLASS = "Cosmos3AVAEAudioTokenizer"
 
 @dataclass(frozen=True)
 class SoundConfig:
-    """What sound generation needs from a checkpoint: the transformer's sound head and ``sound_tokenizer/config.json``."""
+    """What sound generation needs from a checkpoint: the transformer's sound head and
+    ``sound_tokenizer/config.json``."""
 
     sound_dim: int  # channels of a sound latent frame (== the tokenizer's vocoder_input_dim)
     latent_fps: float  # transformer sound_latent_fps: the frame rate of the sound tokens' positions
@@ -239,7 +241,8 @@ class SoundConfig:
     channels: int  # decoded audio channels (dec_out_channels; 2 = stereo)
 
     def samples(self, frames: int, fps: float) -> int:
-        """Waveform samples of a clip of ``frames`` at ``fps``: ``int(frames / fps * rate)``, as diffusers sizes them."""
+        """Waveform samples of a clip of ``frames`` at ``fps``: ``int(frames / fps * rate)``, as diffusers sizes
+        them."""
         return int(frames / fps * self.sampling_rate)
 
     def latent_frames(self, frames: int, fps: float) -> int:
@@ -277,7 +280,9 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: missing (a {SOUND_TOKENIZER_DIR}/ folder needs its {SOUND_TOKENIZER_CLASS} config)") from None
+        raise ConfigError(
+            f"{path}: missing (a {SOUND_TOKENIZER_DIR}/ folder needs its {SOUND_TOKENIZER_CLASS} config)"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ConfigError(f"{path}: not a readable JSON config ({err})") from None
     if not isinstance(raw, dict) or raw.get("_class_name", SOUND_TOKENIZER_CLASS) != SOUND_TOKENIZER_CLASS:
@@ -321,7 +326,8 @@ def _check_field(name: str, kind: Any, value: Any) -> Any:
         items = typing.get_args(kind)
         if not isinstance(value, (list, tuple)) or len(value) != len(items):
             raise ConfigError(f"{name} must be a list of {len(items)} integers, got {value!r}")
-        return tuple(_check_field(f"{name}[{i}]", item, v) for i, (item, v) in enumerate(zip(items, value)))
+        pairs = enumerate(zip(items, value, strict=True))
+        return tuple(_check_field(f"{name}[{i}]", item, v) for i, (item, v) in pairs)
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),

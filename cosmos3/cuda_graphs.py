@@ -54,7 +54,8 @@ class GenGraphs:
     def _mode(self) -> tuple:
         """What the step runs now: W8A16 and W8A8 steps, and FP8 and BF16 attention, are different graphs."""
         controller = self.model.step_controller
-        linears = () if controller is None else tuple(type(l.quant_method).__name__ for l in controller.gen_linears[:1])
+        gen = () if controller is None else controller.gen_linears[:1]
+        linears = tuple(type(lin.quant_method).__name__ for lin in gen)
         return linears + (self.model.attention.fp8_active,)
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
@@ -68,7 +69,7 @@ class GenGraphs:
         self._graphs.move_to_end(key)
         captured.latents.copy_(latents)
         captured.step_t.copy_(step_t)
-        for static, live in zip(captured.cache.keys + captured.cache.values, cache.keys + cache.values):
+        for static, live in zip(captured.cache.keys + captured.cache.values, cache.keys + cache.values, strict=True):
             static.copy_(live)
         if sound is not None:
             captured.sound.copy_(sound)

@@ -28,7 +28,6 @@ import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-
 from cosmos3.checkpoint_header import inspect
 from cosmos3.config import Cosmos3Config
 from cosmos3.request import RenderRequest

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from cosmos3.checkpoint import CheckpointFiles, TensorDict, load_checkpoint
-from cosmos3.checkpoint_header import fp8_modules, inspect, transformer_dir
+from cosmos3.checkpoint_header import fp8_modules, inspect
 from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import GEN
 from cosmos3.layers.linear import Linear
@@ -22,9 +22,10 @@ def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **
 
     ``options`` are ``build_transformer``'s: ``dtype``, ``precision`` (``"auto"`` follows the
     checkpoint), ``attention`` (``"auto"``/``"bf16"``: the fastest BF16 kernel; ``"fp8"``: FP8
-    attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``step_precision`` (``"auto"``: the checkpoint's diffusion_step_policy, if any;
-    ``"off"``; or ``{"first": n, "last": m}`` to experiment), ``parallel`` (the parallel axes the
-    caller intends; static FP8 refuses any above 1) and ``lora``.
+    attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``step_precision``
+    (``"auto"``: the checkpoint's diffusion_step_policy, if any; ``"off"``; or ``{"first": n, "last": m}``
+    to experiment), ``parallel`` (the parallel axes the caller intends; static FP8 refuses any above 1)
+    and ``lora``.
     """
     facts = inspect(path)  # the checks `farm validate` runs, from the headers alone
     files = CheckpointFiles(facts.directory, device=device, headers=facts.tensors)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -233,7 +234,9 @@ class Cosmos3Pipeline:
         video = resize_cover_crop(pixels, plan.height, plan.width)  # [3, T_cond, H, W]
         return Conditioning(self.vae.encode(video))  # [C, k, H', W']
 
-    def _initial_latents(self, plan: RenderPlan, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _initial_latents(
+        self, plan: RenderPlan, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Vision noise ``[C, T', H', W']``, then sound noise ``[sound_dim, T_s]`` (None when silent).
 
         Drawn on the CPU, in the published pipeline's order, so a seed gives the same start on every device.

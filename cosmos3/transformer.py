@@ -246,7 +246,7 @@ class Cosmos3Transformer(nn.Module):
             segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
 
         x = torch.cat(segments)  # [N_gen, H]
-        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values):
+        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
             x = layer.forward_gen(x, layout.cos, layout.sin, k_und, v_und)
         x = self.norm_moe_gen(x)
 

@@ -14,7 +14,6 @@ import torch
 
 from cosmos3.errors import CheckpointError
 
-
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 (fp32) peaked 22.4 GiB above the resident model on the
 # H200 (run 1 of benchmarks/results/h200-2026-12-01-render.md): ~138 bytes per output pixel, rounded up.
 UNTILED_DECODE_BYTES_PER_PIXEL = 150

@@ -11,11 +11,13 @@ import functools
 import importlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from farm import driver, lease, manifest as manifests, storage
+from farm import driver, lease, storage
+from farm import manifest as manifests
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
 from farm.job import Job

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable
 
 from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest

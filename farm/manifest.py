@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3 import checkpoint_header, load_options, request as requests
+from cosmos3 import checkpoint_header, load_options
+from cosmos3 import request as requests
 from cosmos3.config import Cosmos3Config, uses_static_fp8
-from cosmos3.errors import CheckpointError, ConfigError, Problem as FieldProblem
+from cosmos3.errors import CheckpointError, ConfigError
+from cosmos3.errors import Problem as FieldProblem
 from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest, RequestRules
-from farm import document, fields, storage, template as templates
+from farm import document, fields, storage
+from farm import template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
 from farm.job import Job, ModelSpec, config_hash, fingerprint, wav_beside
@@ -326,7 +329,8 @@ class _Resolver:
                                "outputs must be [mp4] or [mp4, wav]")
             return None
         if "wav" in written and not request.sound:
-            why = "sound is false" if rules.sound.config is not None else f"the checkpoint cannot: {rules.sound.missing}"
+            can = rules.sound.config is not None
+            why = "sound is false" if can else f"the checkpoint cannot: {rules.sound.missing}"
             self.error(origin, f"wav is the clip's sound, and this job renders none ({why}); drop wav from outputs")
             return None
         return written

@@ -16,8 +16,9 @@ import errno
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from farm import template
 from farm.errors import StorageFault

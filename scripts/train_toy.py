@@ -36,7 +36,6 @@ from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_fp8  # noqa: E402
 from cosmos3.media import resize_cover_crop  # noqa: E402
 from cosmos3.pipeline import Cosmos3Pipeline  # noqa: E402
 from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
-from cosmos3.vae import WanVAE  # noqa: E402
 from toy import audio, flow, measure, scenes  # noqa: E402
 from toy.layout import (  # noqa: E402
     PROMPT_WORDS,
@@ -231,7 +230,7 @@ def encode_scenes(vae, tokenizer: PromptTokenizer, rng: np.random.Generator, set
         for first in range(0, count, 32):
             batch, x = draw_batch(rng, min(32, count - first), moving=moving)
             mu = vae.encode(x).latent_dist.mode()  # [B, C, T', H', W']
-            for scene, latent in zip(batch, mu):
+            for scene, latent in zip(batch, mu, strict=True):
                 ids = _prompt_ids(tokenizer, scene.caption, moving, negative=False)
                 samples.setdefault((moving, len(ids)), []).append((ids, latent, scene))
     everything = torch.cat([lat.flatten(1) for group in samples.values() for _, lat, _ in group], dim=1)  # [C, *]
@@ -308,7 +307,7 @@ def train_transformer(buckets: list[Bucket], settings: Settings, start: Path | N
         loss = flow.loss(model, ids, x0, sigma, noise, scenes.FPS if bucket.moving else None, sound)
         _descend(optimizer, loss, _cosine_lr(step, settings.steps, settings.lr, warmup=100))
         with torch.no_grad():
-            for e, p in zip(ema.parameters(), model.parameters()):
+            for e, p in zip(ema.parameters(), model.parameters(), strict=True):
                 e.lerp_(p, 1 - EMA_DECAY)
         running.append(loss.item())
         if step % 100 == 0 or step == settings.steps - 1:
@@ -364,7 +363,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "checkpoints" / "toy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vae-steps", type=int, default=1500)
-    parser.add_argument("--vae-from", type=Path, help="a VAE this script trained before (its vae/ folder): not retrained")
+    parser.add_argument("--vae-from", type=Path,
+                        help="a VAE this script trained before (its vae/ folder): not retrained")
     parser.add_argument("--transformer-from", type=Path,
                         help="a transformer/ folder this script wrote before: fine-tuned (its sound head added)")
     parser.add_argument("--sound-steps", type=int, default=300)
@@ -384,7 +384,8 @@ def main() -> None:
         print(f"wrote {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
         return
     if args.transformer_from and bf16.resolve() in args.transformer_from.resolve().parents:
-        parser.error(f"--transformer-from {args.transformer_from} lies in {bf16}, which this run rewrites; copy it first")
+        parser.error(f"--transformer-from {args.transformer_from} lies in {bf16}, which this run rewrites; "
+                     "copy it first")
     vae = None
     if args.vae_from:  # read before the old checkpoint (which may hold it) is removed
         from diffusers import AutoencoderKLWan

@@ -31,7 +31,6 @@ from toy.layout import (
     PROMPT_WORDS,
     UNIPC_SCHEDULER,
     save_transformer,
-    write_json,
     write_pipeline_files,
     write_tokenizer,
 )

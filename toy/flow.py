@@ -103,7 +103,8 @@ def rotary(model, text_length: int, grid: tuple[int, int, int], fps: float | Non
 
 def predict(model, input_ids: torch.Tensor, latents: torch.Tensor, sigma: torch.Tensor, fps: float | None,
             sound: torch.Tensor | None = None):
-    """Velocities for ``input_ids [B, S]``, noisy ``latents [B, C, T, H, W]`` (and ``sound [B, D, T_s]``), ``sigma [B]``.
+    """Velocities for ``input_ids [B, S]``, noisy ``latents [B, C, T, H, W]`` (and ``sound [B, D, T_s]``),
+    ``sigma [B]``.
 
     Returns vision tokens ``[B, N, p*p*C]`` and the sound velocity ``[B, D, T_s]`` (None without sound).
     Every frame is noisy (T2I / T2V); ``fps`` is None for images. The model must carry a
@@ -116,7 +117,8 @@ def predict(model, input_ids: torch.Tensor, latents: torch.Tensor, sigma: torch.
     cos, sin = rotary(model, text_length, (t, h // p, w // p), fps, None if sound is None else sound.shape[2])
     und = model.embed_tokens(input_ids)  # [B, S, H]
     # The timestep embedding goes on every (noisy) vision and sound token.
-    t_emb = model.time_embedder(model.time_proj(sigma * 1000.0 * cfg.timestep_scale))[:, None].to(und.dtype)  # [B, 1, H]
+    t_proj = model.time_proj(sigma * 1000.0 * cfg.timestep_scale)
+    t_emb = model.time_embedder(t_proj)[:, None].to(und.dtype)  # [B, 1, H]
     gen = model.proj_in(patchify(latents, p)) + t_emb  # [B, N, H]
     n_vision = gen.shape[1]
     if sound is not None:

@@ -12,8 +12,9 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import ray
 import structlog

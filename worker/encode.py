@@ -45,7 +45,8 @@ class Soundtrack:
         w = self.waveform
         if not isinstance(w, np.ndarray) or w.ndim != 2 or w.dtype.kind != "f" or not 1 <= w.shape[0] <= 8:
             shape = getattr(w, "shape", None)
-            raise ValueError(f"sound must be a float waveform [channels, N], got {getattr(w, 'dtype', type(w))} {shape}")
+            kind = getattr(w, "dtype", type(w))
+            raise ValueError(f"sound must be a float waveform [channels, N], got {kind} {shape}")
         if not np.isfinite(w).all():
             raise ValueError("sound holds NaN or infinite samples")
         if not isinstance(self.sampling_rate, int) or self.sampling_rate <= 0:

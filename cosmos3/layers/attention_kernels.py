@@ -57,7 +57,7 @@ def fp8_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth_k: b
     v_mean = v.mean(dim=0, keepdim=True, dtype=torch.float32).to(v.dtype) if smooth_v else None
     v = v - v_mean if smooth_v else v
     scales = tuple(power_of_two_scale(t) for t in (q, k, v))
-    return tuple(quantize_fp8(t.contiguous(), s) for t, s in zip((q, k, v), scales)), scales, v_mean
+    return tuple(quantize_fp8(t.contiguous(), s) for t, s in zip((q, k, v), scales, strict=True)), scales, v_mean
 
 
 def add_value_mean(out: torch.Tensor, v_mean: torch.Tensor | None, group: int) -> torch.Tensor:
@@ -248,7 +248,7 @@ class _CudnnFp8Plan:
             self.lse = torch.empty((1, q8.shape[1], q8.shape[0], 1), device=q8.device)
             data += (self.lse,)
         self.cudnn.set_stream(self.handle, torch.cuda.current_stream(q8.device).cuda_stream)
-        self.graph.execute(dict(zip(self.tensors, data)), self.workspace, handle=self.handle)
+        self.graph.execute(dict(zip(self.tensors, data, strict=True)), self.workspace, handle=self.handle)
         if not self.bf16_out:  # O was stored as O / sv; sv is a power of two, exact in bf16
             out = out.to(out_dtype) * sv.to(out_dtype)
         return out.reshape(q8.shape[0], -1).to(out_dtype)

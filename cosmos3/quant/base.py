@@ -38,7 +38,7 @@ class LinearMethod(ABC):
     def load_weights(self, layer: Linear, shards: ShardTensors, name: str) -> None:
         """Copy checkpoint tensors in; ``name`` is the layer's checkpoint prefix for error messages."""
 
-    def process_weights_after_loading(self, layer: Linear) -> None:
+    def process_weights_after_loading(self, layer: Linear) -> None:  # noqa: B027 - optional hook, no-op default
         """One-time work after every tensor is final (never in ``apply``)."""
 
     @abstractmethod

@@ -1,4 +1,5 @@
-"""The benchmark's random checkpoint writer at tiny size: the published layout, loaded strictly, FP8 kept bit for bit."""
+"""The benchmark's random checkpoint writer at tiny size: the published layout, loaded strictly, FP8 kept bit
+for bit."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from benchmarks.random_checkpoint import INPUT_AMAX, PUBLISHED_IGNORE, quantization_config, write_checkpoint
+from benchmarks.random_checkpoint import INPUT_AMAX, PUBLISHED_IGNORE, write_checkpoint
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.layers.linear import Linear
 from cosmos3.pipeline import Cosmos3Pipeline

@@ -19,7 +19,7 @@ def random_checkpoint(cfg: dict, device: str = "cuda") -> dict:
     shapes = {name: (t.shape, t.dtype) for name, t in model.state_dict().items()
               if name.rsplit(".", 1)[0] not in linears}
     for name, linear in linears.items():
-        for (_, prefix), width in zip(_linear_sources(name, linear), linear.shard_sizes):
+        for (_, prefix), width in zip(_linear_sources(name, linear), linear.shard_sizes, strict=True):
             shapes[f"{prefix}.weight"] = ((width, linear.in_features), torch.bfloat16)
             if linear.has_bias:
                 shapes[f"{prefix}.bias"] = ((width,), torch.bfloat16)

@@ -15,8 +15,14 @@ import torch.nn.functional as F
 from cosmos3.attention_choice import ATTENTION_CHOICES, check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention_kernels import (
-    AttentionKernels, SdpaKernel, bf16_kernel_name, exact_attention, fp8_attention_reference, fp8_kernel_name,
-    power_of_two_scale, smooth_keys,
+    AttentionKernels,
+    SdpaKernel,
+    bf16_kernel_name,
+    exact_attention,
+    fp8_attention_reference,
+    fp8_kernel_name,
+    power_of_two_scale,
+    smooth_keys,
 )
 from cosmos3.layers.rope import MRoPE, apply_rope, grid_positions
 
@@ -143,8 +149,8 @@ def test_exact_attention_maps_query_heads_to_kv_groups_like_sdpa():
 def test_smoothing_keys_leaves_attention_unchanged():
     q, k, v = layer_qkv(64, 96, key_offset=3.0)
     q, k, v = q.float(), k.float(), v.float()
-    torch.testing.assert_close(exact_attention(q, smooth_keys(k), v, causal=True), exact_attention(q, k, v, causal=True),
-                               atol=2e-5, rtol=1e-4)
+    smoothed, plain = exact_attention(q, smooth_keys(k), v, causal=True), exact_attention(q, k, v, causal=True)
+    torch.testing.assert_close(smoothed, plain, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -241,7 +247,7 @@ def test_cudnn_fp8_in_a_cuda_graph_rescales_every_replay():
     with torch.cuda.graph(graph):
         out = kernel(*static, causal=False)
     for inputs in (first, second):
-        for buffer, value in zip(static, inputs):
+        for buffer, value in zip(static, inputs, strict=True):
             buffer.copy_(value)
         graph.replay()
         assert torch.equal(out, kernel(*inputs, causal=False))

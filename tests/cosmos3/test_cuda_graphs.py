@@ -40,7 +40,7 @@ def test_graph_replay_equals_eager(ckpts, which):
     model = load_transformer(path, device="cuda", dtype=torch.bfloat16)
     enable_cuda_graphs(model)
     graphed = run_steps(model, latents)
-    for i, (a, b) in enumerate(zip(eager, graphed)):
+    for i, (a, b) in enumerate(zip(eager, graphed, strict=True)):
         assert torch.equal(a, b), i
     # One graph per (UND length, step-precision mode): COND and OTHER share one.
     modes = 2 if which == "fp8" else 1

@@ -329,7 +329,8 @@ def test_a_pipeline_root_with_hf_quant_config_loads(pipeline_export, tmp_path):
 
 
 def test_excluded_modules_stay_high_precision_and_load(exports, tmp_path):
-    out = make_fp8(exports["bf16"], tmp_path / "excluded", exclude=["layers.0.self_attn.to_q", "layers.1.mlp.down_proj"])
+    out = make_fp8(exports["bf16"], tmp_path / "excluded",
+                   exclude=["layers.0.self_attn.to_q", "layers.1.mlp.down_proj"])
     assert {"layers.0.self_attn.to_q", "layers.1.mlp.down_proj"} <= set(config_of(out)["quantization_config"]["ignore"])
     state = load_transformer(out).state_dict()
     assert state["layers.0.self_attn.to_q.weight"].dtype == torch.bfloat16
@@ -423,7 +424,8 @@ def test_static_recipe_against_an_unquantized_checkpoint_is_refused(exports, tmp
 
 def test_static_scale_for_a_high_precision_destination_is_refused(exports, tmp_path):
     bad = rewrite(exports["cosmos"], tmp_path / "bad", lambda t: t.update({"proj_in.input_scale": torch.tensor(0.01)}))
-    with pytest.raises(CheckpointError, match="proj_in.input_scale: a static FP8 scale for proj_in, whose weight is BF16"):
+    expected = "proj_in.input_scale: a static FP8 scale for proj_in, whose weight is BF16"
+    with pytest.raises(CheckpointError, match=expected):
         load_transformer(bad)
 
 

@@ -267,10 +267,11 @@ def test_fma_emulations_are_correctly_rounded():
     a, b, c = (np.append(v, w).astype(np.float32) for v, w in
                ((a, 1 + 2896 * 2.0 ** -23), (b, 2.0 ** -24 * (1 - 2895 * 2.0 ** -23)), (c, 1.0)))
     assert np.float32(a[-1].astype(np.float64) * b[-1] + 1.0) == 1.0
-    exact = np.array([_exact_fma_f32(*map(float, abc)) for abc in zip(a, b, c)], np.float32)
+    exact = np.array([_exact_fma_f32(*map(float, abc)) for abc in zip(a, b, c, strict=True)], np.float32)
     assert exact[-1] == np.float32(1 + 2.0 ** -23)
     np.testing.assert_array_equal(_np_fma(a, b, c), exact)
-    ours = np.array([ops_cpu.fma_f32(torch.tensor([x]), float(y), float(z)).item() for x, y, z in zip(a, b, c)])
+    ours = np.array([ops_cpu.fma_f32(torch.tensor([x]), float(y), float(z)).item()
+                     for x, y, z in zip(a, b, c, strict=True)])
     np.testing.assert_array_equal(ours.astype(np.float32), exact)
 
 
@@ -330,7 +331,7 @@ def test_compile_fullgraph_on_cpu_matches_eager():
                                                                                         scale)
 
     gate, up, scale = _bf16(3, 5, 64), _bf16(3, 5, 64), _scale()
-    for got, want in zip(torch.compile(fn, fullgraph=True)(gate, up, scale), fn(gate, up, scale)):
+    for got, want in zip(torch.compile(fn, fullgraph=True)(gate, up, scale), fn(gate, up, scale), strict=True):
         assert_same_bits(got, want)
 
 
@@ -374,7 +375,7 @@ def _cpu_reference(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | N
     """The op's CPU impl on host copies, CHUNK elements per call."""
     g, u = gate.cpu().reshape(-1), up.cpu().reshape(-1)
     s = None if scale is None else scale.cpu()
-    parts = [ops.silu_and_mul_2in(a, b, scale=s, **kwargs) for a, b in zip(g.split(CHUNK), u.split(CHUNK))]
+    parts = [ops.silu_and_mul_2in(a, b, scale=s, **kwargs) for a, b in zip(g.split(CHUNK), u.split(CHUNK), strict=True)]
     return torch.cat(parts).reshape(gate.shape)
 
 
@@ -463,7 +464,7 @@ def test_gpu_compile_fullgraph_matches_eager():
 
     gate, up = _random_gate_up((4, 33, 1024), torch.bfloat16)
     scale = _scale(0.02, "cuda")
-    for got, want in zip(torch.compile(fn, fullgraph=True)(gate, up, scale), fn(gate, up, scale)):
+    for got, want in zip(torch.compile(fn, fullgraph=True)(gate, up, scale), fn(gate, up, scale), strict=True):
         assert_same_bits(got.cpu(), want.cpu())
 
 

@@ -94,7 +94,7 @@ def test_both_cfg_passes_see_the_same_sound_latents_and_sound_moves_every_step(p
         cond, uncond = passes[2 * i], passes[2 * i + 1]
         assert cond["sound"].shape == (8, 10)
         torch.testing.assert_close(cond["sound"], uncond["sound"], rtol=0, atol=0)
-    for before, after in zip(passes[::2], passes[2::2]):
+    for before, after in zip(passes[::2], passes[2::2], strict=False):
         assert not torch.allclose(before["sound"], after["sound"])
 
 
@@ -142,7 +142,7 @@ def test_t2v_with_sound_matches_the_diffusers_pipeline(root, pipe, monkeypatch):
     # The sound tokens: right after the vision tokens, at diffusers' positions, with the step's timestep.
     passes = spy.of("velocity")
     assert len(passes) == len(theirs_calls.calls) == 2 * STEPS
-    for call, our in zip(theirs_calls.calls, passes):
+    for call, our in zip(theirs_calls.calls, passes, strict=True):
         und_len, n_vision = call["und_len"], len(call["vision_sequence_indexes"])
         sound_index = call["sound_sequence_indexes"]
         np.testing.assert_array_equal(sound_index.numpy(), und_len + n_vision + np.arange(10))
@@ -214,8 +214,8 @@ def _break(folder, how: str) -> None:
         pytest.param("config-not-json", ConfigError, r"sound_tokenizer/config.json: not a readable JSON config",
                      id="config-not-json"),
         pytest.param("config-missing", ConfigError, r"sound_tokenizer/config.json: missing", id="config-missing"),
-        pytest.param("wrong-class", ConfigError, r"expected a Cosmos3AVAEAudioTokenizer config, got 'AutoencoderOobleck'",
-                     id="wrong-class"),
+        pytest.param("wrong-class", ConfigError,
+                     r"expected a Cosmos3AVAEAudioTokenizer config, got 'AutoencoderOobleck'", id="wrong-class"),
         pytest.param("dim-mismatch", ConfigError, r"vocoder_input_dim=16 does not match the transformer's sound_dim=8",
                      id="dim-mismatch"),
         pytest.param("weights-truncated", CheckpointError, r"sound_tokenizer: cannot load the sound tokenizer",

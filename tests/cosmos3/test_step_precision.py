@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 import cosmos3.quant.fp8_static as fp8_static
 from cosmos3 import load_transformer
+from cosmos3.config import QuantConfig
 from cosmos3.errors import ConfigError
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant import STATIC_FP8, W8A16
 from cosmos3.step_precision import StepPolicy, parse_runtime, resolve_policy
-from cosmos3.config import QuantConfig
 from tests.cosmos3.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
 
 PUBLISHED = {"diffusion_step_policy": PUBLISHED_STEP_POLICY}
@@ -217,13 +217,13 @@ def test_und_tower_is_not_step_gated(ckpts):
     at_edge = model.encode_text(ids)
     model.set_denoising_step(10, 35)
     in_middle = model.encode_text(ids)
-    assert all(torch.equal(a, b) for a, b in zip(at_edge.keys, in_middle.keys))
+    assert all(torch.equal(a, b) for a, b in zip(at_edge.keys, in_middle.keys, strict=True))
     off = load_transformer(fp8, dtype=torch.float32, step_precision="off").encode_text(ids)
-    assert all(torch.equal(a, b) for a, b in zip(at_edge.keys, off.keys))  # native == fully quantized
+    assert all(torch.equal(a, b) for a, b in zip(at_edge.keys, off.keys, strict=True))  # native == fully quantized
 
     a16 = load_transformer(fp8, dtype=torch.float32, step_precision={"first": 3, "last": 3, "reasoner": "a16"})
     a16.set_denoising_step(10, 35)
     a16_cache = a16.encode_text(ids)
-    assert not any(torch.equal(a, b) for a, b in zip(a16_cache.keys[1:], off.keys[1:]))
+    assert not any(torch.equal(a, b) for a, b in zip(a16_cache.keys[1:], off.keys[1:], strict=True))
     und_linears = [a16.layers[0].self_attn.to_q, a16.layers[1].mlp.down_proj]
     assert all(linear.quant_method is W8A16 for linear in und_linears)

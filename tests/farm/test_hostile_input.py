@@ -20,7 +20,8 @@ def _alias_bomb(levels: int = 9) -> str:
     """Each level lists the previous one 9 times: 9**9 values from ~300 bytes."""
     names = [chr(ord("a") + i) for i in range(levels)]
     lines = [f"{names[0]}: &{names[0]} [" + ", ".join(["lol"] * 9) + "]"]
-    lines += [f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]" for prev, name in zip(names, names[1:])]
+    lines += [f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]"
+              for prev, name in zip(names, names[1:], strict=False)]
     return "\n".join(lines) + "\n"
 
 

@@ -85,8 +85,9 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     assert all(timings[k] > 0 for k in ("tokenize", "und", "vae_decode", "media_encode", "publish"))
     assert timings["publish"] > timings["media_encode"]
     assert timings["total"] >= sum(timings["steps"]) + timings["vae_decode"] + timings["und"]
+    stages = ("vae_encode", "und", "steps", "vae_decode")
     assert record["memory"] == {"resident_bytes": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-                                "stage_peak_allocated_bytes": dict.fromkeys(("vae_encode", "und", "steps", "vae_decode")),
+                                "stage_peak_allocated_bytes": dict.fromkeys(stages),
                                 "vae_decode_tiled": False}  # host memory: always the untiled reference
     assert record["gpu_seconds"] is None  # a logical GPU without CUDA renders on the CPU
     start = record["worker_start"]

@@ -54,7 +54,7 @@ def test_a_folder_symlinked_out_of_the_root_is_refused_for_every_job_that_writes
     path = write_manifest(tmp_path, JOBS)
     err = _errors(path, capsys)
     assert err[0] == "error: 3 errors in test.yaml"
-    for row, key in zip(err[1:], ["jobs[0] (id=a)", "jobs[1] (id=b)", "jobs[1] (id=b)"]):
+    for row, key in zip(err[1:], ["jobs[0] (id=a)", "jobs[1] (id=b)", "jobs[1] (id=b)"], strict=True):
         assert f": {key}: output path: " in row and " through the symlink " in row
         assert f"{tmp_path / 'out' / 'test'} -> {tmp_path / 'elsewhere'}, outside output.root" in row
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from cosmos3.prompt import PromptTokenizer
-from toy import scenes
 from farm import manifest
+from toy import scenes
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from cosmos3 import load_transformer
-from toy import flow
 from tests.cosmos3.reference import reference_forward, tiny_reference
+from toy import flow
 
 # (latent T, H, W, fps): an image, and a clip with fps-modulated temporal positions.
 CASES = [pytest.param(1, 4, 6, None, id="t2i"), pytest.param(3, 4, 4, 8.0, id="t2v-fps-8")]

@@ -127,9 +127,11 @@ def test_step_precision_on_lands_closer_to_bf16_than_off(renders):
     on, off = ([mse(renders(variant, scene, seed), renders("bf16", scene, seed)) for scene, seed in COMPARED]
                for variant in ("fp8", "fp8-steps-off"))
     on_db, off_db = [decibels(e) for e in on], [decibels(e) for e in off]
-    closer = sum(a < b for a, b in zip(on, off))
-    print(f"\nPSNR to BF16 (dB), job by job:\n  on:  {np.round(on_db, 1).tolist()}\n  off: {np.round(off_db, 1).tolist()}"
-          f"\n  pooled on {decibels(np.mean(on)):.1f}, off {decibels(np.mean(off)):.1f}; on closer in {closer}/{len(on)}")
+    closer = sum(a < b for a, b in zip(on, off, strict=True))
+    print(f"\nPSNR to BF16 (dB), job by job:\n  on:  {np.round(on_db, 1).tolist()}"
+          f"\n  off: {np.round(off_db, 1).tolist()}"
+          f"\n  pooled on {decibels(np.mean(on)):.1f}, off {decibels(np.mean(off)):.1f}; "
+          f"on closer in {closer}/{len(on)}")
     assert np.mean(on) <= np.mean(off)
 
 

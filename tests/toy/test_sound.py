@@ -80,7 +80,8 @@ def test_the_pitch_of_the_demo_clips_names_their_colour(clips, sounds):
     heard = {}
     for job, colour in clips:
         samples, rate = sounds["fp8", job.key]
-        heard[job.key] = (colour, measure.colour_of_pitch(measure.pitch(samples.T, rate)), measure.pitch(samples.T, rate))
+        pitch = measure.pitch(samples.T, rate)
+        heard[job.key] = (colour, measure.colour_of_pitch(pitch), pitch)
     report = "\n".join(f"  {key}: {want} -> heard {got} ({hz:.0f} Hz)" for key, (want, got, hz) in heard.items())
     accuracy = np.mean([want == got for want, got, _ in heard.values()])
     print(f"\n{accuracy:.0%} of demo clips sound their colour\n{report}")

@@ -46,7 +46,7 @@ def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tm
     ray.kill(worker)
 
     assert identity["gpu"] == ["0"] and identity["slot"] == 0 and identity["node"]
-    for job, result in zip(m.jobs, results):
+    for job, result in zip(m.jobs, results, strict=True):
         assert set(result) == {"key", "attempt", "sha256", "figures", "started", "finished"}
         assert result["sha256"] == storage.sha256_file(Path(job.media))
         record = json.loads(storage.sidecar_path(job.media).read_text())
