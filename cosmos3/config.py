@@ -176,14 +176,7 @@ class Cosmos3Config:
     @classmethod
     def from_json(cls, path: str | Path) -> Cosmos3Config:
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(
-                f"{path}: no transformer config.json here (pass the checkpoint root or its transformer/ dir)"
-            ) from None
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"{path}: not valid JSON ({err})") from None
+        raw = _read_json(path, "no transformer config.json here (pass the checkpoint root or its transformer/ dir)")
         try:
             return cls.from_dict(raw)
         except ConfigError as err:
@@ -258,6 +251,17 @@ class SoundSupport:
     missing: str = ""
 
 
+def _read_json(path: Path, missing: str) -> Any:
+    """The JSON value in ``path``; a ConfigError naming the file when it is absent (``missing`` says what it
+    is for) or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {missing}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path}: not a readable JSON config ({err})") from None
+
+
 def _positive_int(raw: dict, key: str, path: Path) -> int:
     value = raw.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -277,14 +281,7 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
     if not folder.is_dir():
         return SoundSupport(None, f"it ships no {SOUND_TOKENIZER_DIR}/ folder")
     path = folder / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{path}: missing (a {SOUND_TOKENIZER_DIR}/ folder needs its {SOUND_TOKENIZER_CLASS} config)"
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: not a readable JSON config ({err})") from None
+    raw = _read_json(path, f"missing (a {SOUND_TOKENIZER_DIR}/ folder needs its {SOUND_TOKENIZER_CLASS} config)")
     if not isinstance(raw, dict) or raw.get("_class_name", SOUND_TOKENIZER_CLASS) != SOUND_TOKENIZER_CLASS:
         found = raw.get("_class_name") if isinstance(raw, dict) else type(raw).__name__
         raise ConfigError(f"{path}: expected a {SOUND_TOKENIZER_CLASS} config, got {found!r}")
