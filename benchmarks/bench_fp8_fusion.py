@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cosmos3 import ops  # noqa: E402
 from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
-from cosmos3.loader import transformer_dir  # noqa: E402
+from cosmos3.checkpoint_header import transformer_dir  # noqa: E402
 
 GROUPS = {
     "UND qkv": ("self_attn.to_q", "self_attn.to_k", "self_attn.to_v"),
