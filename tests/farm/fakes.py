@@ -2,7 +2,8 @@
 
 The renderer acts on words in a job's prompt: `fail` raises on every attempt; `crash-once` kills the
 worker process (`os._exit`) and `hang-once` never returns, on a job's first attempt only (a marker file
-in `markers` remembers it across worker processes). Otherwise it is `worker.fake`'s sleeping renderer.
+in `markers` remembers it across worker processes); `wait-for PATH` holds the job until the file PATH
+exists, so a test decides when it may finish. Otherwise it is `worker.fake`'s sleeping renderer.
 """
 
 from __future__ import annotations
@@ -40,11 +41,20 @@ class ScriptedRenderer(FakeRenderer):
             os._exit(1)
         if "hang-once" in words and _first_time(self.markers, once):
             time.sleep(3600)
+        if "wait-for" in words:
+            gate = Path(words[words.index("wait-for") + 1])
+            while not gate.exists():  # the test opens the gate; a killed worker never sees it
+                time.sleep(0.05)
         return super().__call__(request, callback)
 
 
 def scripted(model, gpu: bool, *, markers: str, seconds_per_step: float = 0.01) -> ScriptedRenderer:
     return ScriptedRenderer(RequestRules.from_checkpoint(model.checkpoint), markers, seconds_per_step)
+
+
+def gated(model, gpu: bool, *, seconds_per_step: float = 0.01) -> ScriptedRenderer:
+    """`scripted` without markers (for `farm submit --pipeline tests.farm.fakes:gated`): `wait-for` only."""
+    return ScriptedRenderer(RequestRules.from_checkpoint(model.checkpoint), "", seconds_per_step)
 
 
 def bad_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:

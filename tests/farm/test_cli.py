@@ -16,10 +16,8 @@ import ray
 from farm import cli, driver, manifest
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, output_files, publish, state, temp_files, write_manifest
-from worker import fake
 
 REPO = Path(__file__).parents[2]
-SLOW_JOBS = [{"id": f"clip{i}", "prompt": f"shot {i}"} for i in range(6)]  # ~1 s each with 100 fake steps
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +26,8 @@ def address():
         yield ray.get_runtime_context().gcs_address
 
 
-def _farm(*args: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "farm", *args, "--pipeline", "worker.fake:factory", "--no-progress"]
+def _farm(*args: str, pipeline: str = "worker.fake:factory") -> subprocess.Popen:
+    command = [sys.executable, "-m", "farm", *args, "--pipeline", pipeline, "--no-progress"]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -56,26 +54,31 @@ def test_farm_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-# Ctrl-C, and `ray job stop` (SIGTERM, which Ray's own handler would turn into an abort).
+# Ctrl-C, and `ray job stop` (SIGTERM, which Ray's own handler would turn into an abort). Two jobs render at
+# once; the other four wait for a gate file that opens only after the signal, so exactly two are done when it
+# lands however slow the machine is.
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(address, tmp_path, signum):
-    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
+    gate = tmp_path / "gate"
+    jobs = [{"id": f"clip{i}", "prompt": f"shot {i}" + (f" wait-for {gate}" if i >= 2 else "")} for i in range(6)]
+    path = write_manifest(tmp_path, jobs)
     root = tmp_path / "out"
-    run = _farm("submit", str(path), "--address", address)
-    _wait_for(lambda: _count(root, "job_done") >= 2)
+    run = _farm("submit", str(path), "--address", address, pipeline="tests.farm.fakes:gated")
+    _wait_for(lambda: _count(root, "job_done") == 2 and _count(root, "job_started") >= 4)
     run.send_signal(signum)
     _, err = run.communicate(timeout=120)
 
     assert run.returncode == cli.EXIT_INTERRUPTED, err
     first = {p: json.loads(p.read_text())["run"] for p in _sidecars(root)}
-    assert 2 <= len(first) < len(SLOW_JOBS) and not temp_files(root)
+    assert len(first) == 2 and not temp_files(root)  # the two held jobs' workers were killed, nothing half-kept
     assert state(root)["result"] == "interrupted"
 
-    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
-    assert report.ok and len(report.skipped) == len(first)
-    assert len(report.outcomes) == len(SLOW_JOBS) - len(first)
+    gate.touch()
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fakes.gated, progress=False))
+    assert report.ok and len(report.skipped) == 2
+    assert len(report.outcomes) == len(jobs) - 2
     assert all(json.loads(p.read_text())["run"] == run_id for p, run_id in first.items())
-    assert len(output_files(root)) == 2 * len(SLOW_JOBS)
+    assert len(output_files(root)) == 2 * len(jobs)
 
 
 def test_status_retry_and_plan_after_a_run_with_a_failure(address, tmp_path, capsys):
