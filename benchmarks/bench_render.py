@@ -151,12 +151,18 @@ def do_farm(args) -> dict:
 # -- direct: the pipeline without the farm, for what a farm run cannot isolate -----------------------
 
 
-def _peak_decode(pipe, latents, tiled: bool) -> dict:
+def _peak_decode(pipe, latents, tiled: bool, dtype=None) -> dict:
+    """One decode's seconds and peak memory; ``dtype``: the VAE cast to it for this decode only (then back)."""
     import torch
 
     from cosmos3.media import to_uint8_frames
 
-    pipe.vae.force_tiling = tiled
+    vae = pipe.vae
+    kept = (vae.vae.dtype, vae.mean, vae.inv_std)
+    if dtype is not None:
+        vae.vae.to(dtype)
+        vae.mean, vae.inv_std = vae.mean.to(dtype), vae.inv_std.to(dtype)
+    vae.force_tiling = tiled
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     resident = torch.cuda.memory_allocated()
@@ -164,13 +170,19 @@ def _peak_decode(pipe, latents, tiled: bool) -> dict:
     started = time.perf_counter()
     to_uint8_frames(pipe.vae.decode(latents))
     torch.cuda.synchronize()
-    return {"tiled": tiled, "seconds": time.perf_counter() - started, "resident_bytes": resident,
-            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+    result = {"tiled": tiled, "dtype": str(vae.dtype).removeprefix("torch."),
+              "seconds": time.perf_counter() - started, "resident_bytes": resident,
+              "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+              "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+    vae.vae.to(kept[0])
+    vae.mean, vae.inv_std = kept[1], kept[2]
+    vae.force_tiling = None
+    return result
 
 
 def do_direct(args) -> dict:
-    """Worker start, T2I twice (the second is a warm worker's), and one T2V latent decoded untiled and tiled."""
+    """Worker start, T2I twice (the second is a warm worker's), and one T2V latent decoded untiled and tiled
+    (and untiled in bf16, for comparison)."""
     import torch
 
     from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
@@ -183,7 +195,9 @@ def do_direct(args) -> dict:
     t2i = [pipe(RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)) for _ in range(2)]
     shape = pipe.vae.latent_shape(189, 720, 1280)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()  # [48, 48, 45, 80]
+    # The product's fp32 decode untiled and tiled, and a bf16 decode for comparison (not what the worker runs).
     decodes = [_peak_decode(pipe, latents, tiled) for tiled in (False, True)]
+    decodes.append(_peak_decode(pipe, latents, False, torch.bfloat16))
     return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,
             "t2i": [{"timings": o.timings, "memory": o.memory} for o in t2i]}
 
@@ -328,7 +342,8 @@ def direct_tables(r: dict) -> list[str]:
         lines.append(f"| T2I job {i + 1}: UND s / denoising (50 steps) s / steps median s | "
                      f"{job['timings']['und']:.3f} / {sum(steps):.3f} / {statistics.median(steps):.4f} |")
     for d in r["decodes"]:
-        lines.append(f"| T2V decode ({'tiled' if d['tiled'] else 'untiled'}): s / resident / peak allocated / peak "
+        lines.append(f"| T2V decode ({'tiled' if d['tiled'] else 'untiled'}, {d.get('dtype', 'float32')}): s / "
+                     "resident / peak allocated / peak "
                      f"reserved GiB | {d['seconds']:.2f} / {_gib(d['resident_bytes'])} / "
                      f"{_gib(d['peak_allocated_bytes'])} / {_gib(d['peak_reserved_bytes'])} |")
     return lines + [""]

@@ -17,6 +17,10 @@ projections, peak memory of a step over the resident weights, and memory left be
 step (a W8A16 step must leave none). ``--no-diffusers`` also builds the random checkpoint without
 diffusers (the GPU machine has none); ``--variants`` / ``--modes`` keep a 36-layer run short.
 
+``--checkpoint ROOT`` measures the transformers of ``ROOT/bf16`` and ``ROOT/fp8`` (the checkpoints
+``bench_render.py write`` makes) instead of building and exporting random layers: a 36-layer run then
+skips the ModelOpt calibration and export of a 16B model (``--layers`` is the checkpoint's).
+
 ``--sound`` (video shapes): the layers also carry Nano's sound head, and every variant of ours is
 measured again with the clip's sound tokens in the GEN stream (720p / 189 frames at 24 fps = 7.875 s
 = 197 sound latent frames at 48 kHz / 1920), so a second table gives the per-step cost of sound.
@@ -25,6 +29,7 @@ measured again with the clip's sound tokens in the GEN stream (720p / 189 frames
     python benchmarks/bench_transformer.py --layers 4 --tokens 44160 --sound --no-diffusers
     python benchmarks/bench_transformer.py --layers 36 --no-diffusers --modes graphs \\
         --variants bf16 "fp8 split" "fp8 attn" "w8a16 step"
+    python benchmarks/bench_transformer.py --checkpoint /tmp/nano --modes graphs --variants bf16 "fp8 split" "fp8 attn"
 """
 
 from __future__ import annotations
@@ -196,15 +201,25 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-diffusers", action="store_true")
+    parser.add_argument("--checkpoint", type=Path, help="a folder with bf16/ and fp8/ checkpoints to measure")
     parser.add_argument("--sound", action="store_true", help="also measure each variant with the clip's sound tokens")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"])
     args = parser.parse_args()
     props = torch.cuda.get_device_properties(0)
+    if args.checkpoint:
+        if "fp8 fused" in args.variants or not args.no_diffusers:
+            parser.error("--checkpoint measures our bf16 and fp8 models only: add --no-diffusers, drop 'fp8 fused'")
+        reference, fused = None, None
+        bf16, fp8 = (load_transformer(args.checkpoint / variant, device="cuda", dtype=torch.bfloat16)
+                     for variant in ("bf16", "fp8"))
+        args.layers, args.vocab = bf16.config.num_hidden_layers, bf16.config.vocab_size
     print(f"GPU {props.name}, sm_{props.major}{props.minor}, CUDA {torch.version.cuda}, torch {torch.__version__}; "
-          f"Nano-shaped layers: {args.layers} (of 36), text tokens {args.text_tokens}")
-    reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound,
-                                               "fp8 fused" in args.variants)
+          f"Nano-shaped layers: {args.layers} (of 36), text tokens {args.text_tokens}"
+          + (f"; checkpoints {args.checkpoint}/{{bf16,fp8}}" if args.checkpoint else ""))
+    if not args.checkpoint:
+        reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound,
+                                                   "fp8 fused" in args.variants)
     print(f"decoder projection weights: bf16 {projection_gib(bf16):.2f} GiB, fp8 split {projection_gib(fp8):.2f} GiB "
           f"({projection_gib(fp8) / projection_gib(bf16):.2f}x)")
     ids = torch.randint(0, args.vocab, (args.text_tokens,), device="cuda")

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # On a GPU machine with a CUDA torch and nvcc: builds the wheel, installs it alone into a clean directory
-# (torch and the rest from the machine), hides nvcc, then times the ops load (benchmarks/bench_ops_load.py,
-# beside the JIT build from this checkout and concurrent first loads) and runs the GPU tests against the
-# installed wheel. DEPS: extra PYTHONPATH for packages the machine lacks; LOGS: where logs go (default /tmp);
-# REPEATS: processes per timed case (default 3).
+# (torch and the rest from the machine), hides nvcc, then runs the GPU tests against the installed wheel,
+# renders one job of the toy checkpoint through `farm submit` (and checks its sidecar says the kernels were
+# prebuilt), and times the ops load (benchmarks/bench_ops_load.py, beside the JIT build from this checkout and
+# concurrent first loads). DEPS: extra PYTHONPATH for packages the machine lacks (Ray, structlog, ...); LOGS:
+# where logs go (default /tmp); REPEATS: processes per timed case (default 3); DIST: a folder holding a wheel
+# built before by scripts/build_wheel.sh (then none is built).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -11,11 +13,15 @@ LOGS=${LOGS:-/tmp}
 work=$(mktemp -d)
 status=0
 
-start=$(date +%s)
-# The shipping targets, not the machine's TORCH_CUDA_ARCH_LIST (the H200 image sets "9.0a"); ARCHS overrides.
-TORCH_CUDA_ARCH_LIST=${ARCHS:-"9.0;10.0+PTX"} PYTHON="$PY" bash scripts/build_wheel.sh "$work/dist" \
-  > "$LOGS/wheel_build.log" 2>&1 || { tail -40 "$LOGS/wheel_build.log"; exit 1; }
-echo "wheel built in $(( $(date +%s) - start )) s: $(ls "$work"/dist)"
+if [ -n "${DIST:-}" ]; then
+  mkdir -p "$work/dist" && cp "$DIST"/cosmos3_farm-*.whl "$work/dist/" || exit 1
+else
+  start=$(date +%s)
+  # The shipping targets, not the machine's TORCH_CUDA_ARCH_LIST (the H200 image sets "9.0a"); ARCHS overrides.
+  TORCH_CUDA_ARCH_LIST=${ARCHS:-"9.0;10.0+PTX"} PYTHON="$PY" bash scripts/build_wheel.sh "$work/dist" \
+    > "$LOGS/wheel_build.log" 2>&1 || { tail -40 "$LOGS/wheel_build.log"; exit 1; }
+  echo "wheel built in $(( $(date +%s) - start )) s: $(ls "$work"/dist)"
+fi
 "$PY" -m pip install -q --no-deps --no-index --target "$work/site" "$work"/dist/*.whl || exit 1
 ls "$work/site/cosmos3" | grep -E "_cuda_ops" ; cat "$work/site/cosmos3/_cuda_ops_build.json"
 cuobjdump --list-elf --list-ptx "$work"/site/cosmos3/_cuda_ops*.so 2>&1 | head -20
@@ -28,6 +34,34 @@ nocuda_path=$(echo "$PATH" | tr : '\n' | while read -r d; do [ -x "$d/nvcc" ] ||
  cd "$work" && env -u CUDA_HOME -u CUDA_PATH PATH="$nocuda_path" PYTHONPATH="$work/site${DEPS:+:$DEPS}" \
    "$PY" -m pytest -m gpu tests/cosmos3 -q -p no:cacheprovider > "$LOGS/gpu_tests.log" 2>&1) || status=1
 tail -5 "$LOGS/gpu_tests.log"
+
+# One job of the toy checkpoint through the farm (an embedded Ray cluster, one GPU worker), nvcc still hidden.
+cp -r checkpoints "$work/"
+cat > "$work/one-job.yaml" <<'YAML'
+version: 1
+name: wheel-check
+model: {checkpoint: checkpoints/toy/fp8}
+output: {root: renders, path: "{task}/{id}"}
+jobs:
+  - {id: red-circle, task: t2i, prompt: "a red circle", size: [96, 96], steps: 20, guidance: 4.0}
+YAML
+(cd "$work" && env -u CUDA_HOME -u CUDA_PATH PATH="$nocuda_path" PYTHONPATH="$work/site${DEPS:+:$DEPS}" \
+   "$PY" -m farm submit one-job.yaml --no-progress > "$LOGS/farm_submit.log" 2>&1) || status=1
+tail -5 "$LOGS/farm_submit.log"
+"$PY" - "$work/renders/t2i/red-circle.png.json" <<'PYEOF' || status=1
+import json, sys
+sidecar = json.load(open(sys.argv[1]))
+found = []
+def walk(value):
+    if isinstance(value, dict):
+        if isinstance(value.get("ops"), dict) and "source" in value["ops"]:
+            found.append(value["ops"])
+        for v in value.values():
+            walk(v)
+walk(sidecar)
+print("farm submit: sidecar ops", found)
+sys.exit(0 if found and all(o["source"] == "prebuilt" for o in found) else 1)
+PYEOF
 
 PYTHONPATH="$PWD${DEPS:+:$DEPS}" "$PY" benchmarks/bench_ops_load.py --prebuilt "$work/site" --source . \
   ${DEPS:+--deps "$DEPS"} --concurrent 4 --repeats "${REPEATS:-3}" 2>&1 | tee "$LOGS/bench_ops_load.log" || status=1
