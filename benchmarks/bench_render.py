@@ -182,7 +182,10 @@ def _peak_decode(pipe, latents, tiled: bool, dtype=None) -> dict:
 
 def do_direct(args) -> dict:
     """Worker start, T2I twice (the second is a warm worker's), and one T2V latent decoded untiled and tiled
-    (and untiled in bf16, for comparison)."""
+    (and untiled in fp32, for comparison). The process's CUDA allocator is set up as a farm GPU worker's."""
+    from worker.gpu import worker_env
+
+    os.environ.update(worker_env())  # before torch touches CUDA
     import torch
 
     from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
@@ -193,11 +196,12 @@ def do_direct(args) -> dict:
     load = {**pipe.load_timings, "wall": time.perf_counter() - started, "page_cache": cache}
     still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
     t2i = [pipe(RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)) for _ in range(2)]
+    torch.set_grad_enabled(False)  # the pipeline's own calls run in inference mode; these bare decodes must too
     shape = pipe.vae.latent_shape(189, 720, 1280)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()  # [48, 48, 45, 80]
-    # The product's fp32 decode untiled and tiled, and a bf16 decode for comparison (not what the worker runs).
+    # The worker's decode (bf16 on CUDA) untiled and tiled, and an fp32 decode for comparison.
     decodes = [_peak_decode(pipe, latents, tiled) for tiled in (False, True)]
-    decodes.append(_peak_decode(pipe, latents, False, torch.bfloat16))
+    decodes.append(_peak_decode(pipe, latents, False, torch.float32))
     return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,
             "t2i": [{"timings": o.timings, "memory": o.memory} for o in t2i]}
 
@@ -248,8 +252,9 @@ def _gib(value) -> str:
 def job_table(job: str, record: dict) -> list[str]:
     t, m, start = record["timings"], record["memory"], record["worker_start"]
     steps = t["steps"]
-    lines = [f"### {record['precision']} {job}: {record['job']['width']}x{record['job']['height']}, "
-             f"{record['job']['frames']} frames, {record['job']['steps']} steps, guidance {record['job']['guidance']}",
+    r = record["job"]["request"]  # the resolved request (farm.job.Job wraps it)
+    lines = [f"### {record['precision']} {job}: {r['width']}x{r['height']}, "
+             f"{r['frames']} frames, {r['steps']} steps, guidance {r['guidance']}",
              "", "| stage | value |", "|---|---|"]
     rows = [
         ("worker start: ops load s", _s(start["ops"])),

@@ -158,7 +158,9 @@ class Cosmos3Pipeline:
         cuda_graphs: bool = True,
         model=None,
     ) -> Cosmos3Pipeline:
-        """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU (the VAE stays fp32).
+        """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU. The VAE runs in ``dtype`` on
+        CUDA (as diffusers' pipeline does when loaded in bf16: a Nano clip's decode 9.9 s and 26.9 GiB peak in bf16
+        vs 15.2 s and 39.4 GiB in fp32 on the H200) and in fp32 on the CPU.
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``,
         ``step_precision``, ``attention`` and ``parallel`` are ``cosmos3.load_options.LoadOptions``
@@ -192,7 +194,8 @@ class Cosmos3Pipeline:
                 "w8a16_compile": clock() - model_done if device.type == "cuda" else None,
             }
         compiled = clock()
-        vae = WanVAE.from_pretrained(root / "vae", device=device)
+        vae_dtype = dtype if device.type == "cuda" else torch.float32
+        vae = WanVAE.from_pretrained(root / "vae", device=device, dtype=vae_dtype)
         vae_done = clock()
         sound = read_sound_support(root, model.config)
         sound_tokenizer = None

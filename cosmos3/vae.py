@@ -14,9 +14,10 @@ import torch
 
 from cosmos3.errors import CheckpointError
 
-# An untiled Wan 2.2 decode of 189 frames at 1280x720 (fp32) peaked 22.4 GiB above the resident model on the
-# H200 (run 1 of benchmarks/results/h200-2026-12-01-render.md): ~138 bytes per output pixel, rounded up.
-UNTILED_DECODE_BYTES_PER_PIXEL = 150
+# An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
+# in bf16 on the H200 (benchmarks/results/h200-2026-12-01-render.md): ~138 and ~68 bytes per output pixel; per
+# byte of the VAE's dtype, rounded up.
+UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
 
 
 class WanVAE:
@@ -86,7 +87,8 @@ class WanVAE:
         z = latents.to(self.dtype) / self.inv_std + self.mean
         _, t, h, w = latents.shape
         pixels = ((t - 1) * self.temporal_factor + 1) * h * w * self.spatial_factor**2
-        tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL)
+        element = torch.finfo(self.dtype).bits // 8
+        tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * element)
         if tiled:
             self.vae.enable_tiling()  # diffusers' spatial tiles: less memory, overlapping tiles cost time
         else:

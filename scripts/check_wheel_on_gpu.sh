@@ -26,8 +26,9 @@ fi
 ls "$work/site/cosmos3" | grep -E "_cuda_ops" ; cat "$work/site/cosmos3/_cuda_ops_build.json"
 cuobjdump --list-elf --list-ptx "$work"/site/cosmos3/_cuda_ops*.so 2>&1 | head -20
 
-# The GPU tests against the installed wheel: tests copied out of the checkout, nvcc hidden.
-cp -r tests pyproject.toml "$work/"
+# The GPU tests against the installed wheel: tests (and the benchmarks' input builders some of them use) copied
+# out of the checkout, nvcc hidden.
+cp -r tests benchmarks pyproject.toml "$work/"
 nocuda_path=$(echo "$PATH" | tr : '\n' | while read -r d; do [ -x "$d/nvcc" ] || echo "$d"; done | paste -sd:)
 (cd "$work" && env -u CUDA_HOME -u CUDA_PATH PATH="$nocuda_path" PYTHONPATH="$work/site${DEPS:+:$DEPS}" \
    "$PY" -c "import shutil, cosmos3.ops as o; print('cosmos3 from', o.__file__, '| nvcc:', shutil.which('nvcc'))" &&

@@ -8,6 +8,7 @@ start. The device's UUID goes into the log and every sidecar, so a render can be
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import structlog
@@ -28,6 +29,18 @@ def check_assignment(gpu_ids: list[str], visible: str | None) -> None:
         raise WorkerConfigError(f"Ray assigned this worker GPU {gpu_ids[0]}, but it sees CUDA_VISIBLE_DEVICES="
                                 f"{visible!r}; it must see that GPU alone (is RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_"
                                 f"DEVICES set on this node?)")
+
+
+# A GPU worker's CUDA caching allocator grows segments instead of caching fixed-size blocks: the Wan VAE's
+# decode of a 720p clip allocates blocks of many sizes, and with fixed segments the reserved memory ran 12 GiB
+# above the allocated peak on the H200 (benchmarks/results/h200-2026-12-01-render.md). A value the node's
+# environment already sets is kept.
+CUDA_ALLOC_CONF = "expandable_segments:True"
+
+
+def worker_env() -> dict[str, str]:
+    """Environment variables a GPU worker process starts with (Ray's ``runtime_env``), read on the driver."""
+    return {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)}
 
 
 def cuda_device_facts() -> dict[str, Any]:

@@ -467,6 +467,8 @@ def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
 def test_cuda_render_with_graphs_equals_eager(root, task):
     request = job(task, seed=3)
     eager = Cosmos3Pipeline.from_pretrained(root, device="cuda", cuda_graphs=False)(request)
-    graphed = Cosmos3Pipeline.from_pretrained(root, device="cuda")(request)
+    pipe = Cosmos3Pipeline.from_pretrained(root, device="cuda")
+    assert pipe.vae.dtype == torch.bfloat16 and {p.dtype for p in pipe.vae.vae.parameters()} == {torch.bfloat16}
+    graphed = pipe(request)
     assert graphed.frames.dtype == np.uint8 and graphed.frames.shape == eager.frames.shape
     assert np.array_equal(graphed.frames, eager.frames)
