@@ -151,44 +151,36 @@ def do_farm(args) -> dict:
 # -- direct: the pipeline without the farm, for what a farm run cannot isolate -----------------------
 
 
-def _peak_decode(pipe, latents, tiled: bool, dtype=None) -> dict:
-    """One decode's seconds and peak memory; ``dtype``: the VAE cast to it for this decode only (then back)."""
+def _peak_decode(vae, latents, tiled: bool) -> dict:
+    """One decode's seconds and peak memory, by ``vae`` (a ``cosmos3.vae.WanVAE``) tiled or not."""
     import torch
 
     from cosmos3.media import to_uint8_frames
 
-    vae = pipe.vae
-    kept = (vae.vae.dtype, vae.mean, vae.inv_std)
-    if dtype is not None:
-        vae.vae.to(dtype)
-        vae.mean, vae.inv_std = vae.mean.to(dtype), vae.inv_std.to(dtype)
     vae.force_tiling = tiled
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     resident = torch.cuda.memory_allocated()
     torch.cuda.synchronize()
     started = time.perf_counter()
-    to_uint8_frames(pipe.vae.decode(latents))
+    to_uint8_frames(vae.decode(latents))
     torch.cuda.synchronize()
-    result = {"tiled": tiled, "dtype": str(vae.dtype).removeprefix("torch."),
-              "seconds": time.perf_counter() - started, "resident_bytes": resident,
-              "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-              "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
-    vae.vae.to(kept[0])
-    vae.mean, vae.inv_std = kept[1], kept[2]
-    vae.force_tiling = None
-    return result
+    return {"tiled": tiled, "dtype": str(vae.dtype).removeprefix("torch."),
+            "seconds": time.perf_counter() - started, "resident_bytes": resident,
+            "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
 
 
 def do_direct(args) -> dict:
     """Worker start, T2I twice (the second is a warm worker's), and one T2V latent decoded untiled and tiled
     (and untiled in fp32, for comparison). The process's CUDA allocator is set up as a farm GPU worker's."""
-    from worker.gpu import worker_env
+    from worker.gpu import configure_cuda_allocator
 
-    os.environ.update(worker_env())  # before torch touches CUDA
+    configure_cuda_allocator()  # before torch touches CUDA
     import torch
 
     from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+    from cosmos3.vae import WanVAE
 
     cache = drop_page_cache() if args.drop_caches else "kept"
     started = time.perf_counter()
@@ -199,9 +191,11 @@ def do_direct(args) -> dict:
     torch.set_grad_enabled(False)  # the pipeline's own calls run in inference mode; these bare decodes must too
     shape = pipe.vae.latent_shape(189, 720, 1280)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()  # [48, 48, 45, 80]
-    # The worker's decode (bf16 on CUDA) untiled and tiled, and an fp32 decode for comparison.
-    decodes = [_peak_decode(pipe, latents, tiled) for tiled in (False, True)]
-    decodes.append(_peak_decode(pipe, latents, False, torch.float32))
+    # The worker's decode (bf16 on CUDA) untiled and tiled, and an fp32 VAE's for comparison.
+    decodes = [_peak_decode(pipe.vae, latents, tiled) for tiled in (False, True)]
+    pipe.vae.force_tiling = None
+    fp32 = WanVAE.from_pretrained(args.root / "fp8" / "vae", device=torch.device("cuda"), dtype=torch.float32)
+    decodes.append(_peak_decode(fp32, latents, False))
     return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,
             "t2i": [{"timings": o.timings, "memory": o.memory} for o in t2i]}
 

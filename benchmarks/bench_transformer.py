@@ -214,12 +214,12 @@ def main() -> None:
         bf16, fp8 = (load_transformer(args.checkpoint / variant, device="cuda", dtype=torch.bfloat16)
                      for variant in ("bf16", "fp8"))
         args.layers, args.vocab = bf16.config.num_hidden_layers, bf16.config.vocab_size
+    else:
+        reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound,
+                                                   "fp8 fused" in args.variants)
     print(f"GPU {props.name}, sm_{props.major}{props.minor}, CUDA {torch.version.cuda}, torch {torch.__version__}; "
           f"Nano-shaped layers: {args.layers} (of 36), text tokens {args.text_tokens}"
           + (f"; checkpoints {args.checkpoint}/{{bf16,fp8}}" if args.checkpoint else ""))
-    if not args.checkpoint:
-        reference, bf16, fp8, fused = build_models(args.layers, args.vocab, not args.no_diffusers, args.sound,
-                                                   "fp8 fused" in args.variants)
     print(f"decoder projection weights: bf16 {projection_gib(bf16):.2f} GiB, fp8 split {projection_gib(fp8):.2f} GiB "
           f"({projection_gib(fp8) / projection_gib(bf16):.2f}x)")
     ids = torch.randint(0, args.vocab, (args.text_tokens,), device="cuda")

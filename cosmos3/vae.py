@@ -87,8 +87,7 @@ class WanVAE:
         z = latents.to(self.dtype) / self.inv_std + self.mean
         _, t, h, w = latents.shape
         pixels = ((t - 1) * self.temporal_factor + 1) * h * w * self.spatial_factor**2
-        element = torch.finfo(self.dtype).bits // 8
-        tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * element)
+        tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * self.dtype.itemsize)
         if tiled:
             self.vae.enable_tiling()  # diffusers' spatial tiles: less memory, overlapping tiles cost time
         else:

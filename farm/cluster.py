@@ -26,7 +26,6 @@ from farm.errors import ClusterError
 from farm.job import ModelSpec
 from farm.scheduler import Capacity, Launch
 from worker.actor import PipelineFactory, RenderWorker
-from worker.gpu import worker_env
 
 
 @dataclass(frozen=True)
@@ -151,8 +150,6 @@ def launcher(plan: WorkerPlan, model: ModelSpec, factory: PipelineFactory, origi
     }
     if plan.accelerator_type:
         options["accelerator_type"] = plan.accelerator_type
-    if plan.num_gpus:
-        options["runtime_env"] = {"env_vars": worker_env()}
     actor_class = ray.remote(RenderWorker).options(**options)
 
     def launch(slot: int) -> Any:

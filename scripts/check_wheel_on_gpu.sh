@@ -51,17 +51,9 @@ YAML
 tail -5 "$LOGS/farm_submit.log"
 "$PY" - "$work/renders/t2i/red-circle.png.json" <<'PYEOF' || status=1
 import json, sys
-sidecar = json.load(open(sys.argv[1]))
-found = []
-def walk(value):
-    if isinstance(value, dict):
-        if isinstance(value.get("ops"), dict) and "source" in value["ops"]:
-            found.append(value["ops"])
-        for v in value.values():
-            walk(v)
-walk(sidecar)
-print("farm submit: sidecar ops", found)
-sys.exit(0 if found and all(o["source"] == "prebuilt" for o in found) else 1)
+ops = json.load(open(sys.argv[1]))["worker"].get("ops")
+print("farm submit: sidecar worker.ops", ops)
+sys.exit(0 if ops and ops["source"] == "prebuilt" else 1)
 PYEOF
 
 PYTHONPATH="$PWD${DEPS:+:$DEPS}" "$PY" benchmarks/bench_ops_load.py --prebuilt "$work/site" --source . \

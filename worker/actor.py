@@ -23,7 +23,7 @@ from cosmos3.request import RenderRequest
 from farm import metrics, storage
 from farm.job import Job, ModelSpec
 from worker import encode
-from worker.gpu import check_assignment, cuda_device_facts
+from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
 
 log = structlog.get_logger("farm.worker")
 
@@ -121,6 +121,8 @@ class RenderWorker:
         context = ray.get_runtime_context()
         gpus = context.get_accelerator_ids().get("GPU", [])
         check_assignment(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if gpus:
+            configure_cuda_allocator()
         self._renderer = factory(model, bool(gpus))
         self._gpu = self._renderer.device != "cpu"
         loaded = self._renderer.load_timings

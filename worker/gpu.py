@@ -33,14 +33,13 @@ def check_assignment(gpu_ids: list[str], visible: str | None) -> None:
 
 # A GPU worker's CUDA caching allocator grows segments instead of caching fixed-size blocks: the Wan VAE's
 # decode of a 720p clip allocates blocks of many sizes, and with fixed segments the reserved memory ran 12 GiB
-# above the allocated peak on the H200 (benchmarks/results/h200-2026-12-01-render.md). A value the node's
-# environment already sets is kept.
+# above the allocated peak on the H200 (benchmarks/results/h200-2026-12-01-rerun.md).
 CUDA_ALLOC_CONF = "expandable_segments:True"
 
 
-def worker_env() -> dict[str, str]:
-    """Environment variables a GPU worker process starts with (Ray's ``runtime_env``), read on the driver."""
-    return {"PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)}
+def configure_cuda_allocator() -> None:
+    """Sets this process's allocator (before CUDA starts); a value the node's environment sets is kept."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
 
 
 def cuda_device_facts() -> dict[str, Any]:

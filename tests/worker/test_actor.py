@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from cosmos3.load_options import LoadOptions
 from cosmos3.request import RequestRules
 from farm import manifest, storage
 from tests.farm.helpers import local_cluster, write_manifest
-from worker import fake
+from worker import fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
 TOY_FP8 = Path(__file__).resolve().parents[2] / "checkpoints" / "toy" / "fp8"
@@ -121,3 +122,19 @@ def test_a_long_job_logs_its_progress_every_ten_seconds_and_at_its_end():
     assert gauge.seen == [(i, 5) for i in range(5)]  # the gauge hears every step
     assert [(e["step"], e["elapsed_s"], e["eta_s"]) for e in logs] == [(2, 11.0, 16.5), (4, 22.0, 5.5), (5, 23.0, 0.0)]
     assert {e["event"] for e in logs} == {"job_progress"} and {e["key"] for e in logs} == {"t2v"}
+
+
+def _renderer_reporting_its_allocator(model, gpu: bool) -> fake.FakeRenderer:
+    renderer = fake.FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.0)
+    renderer.facts = {"allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
+    return renderer
+
+
+def test_a_gpu_worker_sets_its_cuda_allocator_before_the_pipeline_loads(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(
+        m.model, _renderer_reporting_its_allocator, ORIGIN, 0)
+    identity = ray.get(worker.ready.remote())
+    ray.kill(worker)
+    # this test process's value if it has one (the node's environment wins), else the worker's setting
+    assert identity["allocator"] == os.environ.get("PYTORCH_CUDA_ALLOC_CONF", gpu.CUDA_ALLOC_CONF)

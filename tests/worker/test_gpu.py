@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -46,21 +47,10 @@ def test_a_process_that_sees_other_than_one_cuda_device_is_refused(monkeypatch, 
         cuda_device_facts()
 
 
-def test_a_gpu_worker_starts_with_expandable_allocator_segments_unless_the_node_says_otherwise(monkeypatch):
+def test_a_gpu_worker_sets_expandable_allocator_segments_unless_the_node_says_otherwise(monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    assert gpu.worker_env() == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    gpu.configure_cuda_allocator()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
-    assert gpu.worker_env() == {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
-
-
-def test_the_driver_gives_gpu_workers_that_environment_and_cpu_workers_none(monkeypatch):
-    from farm import cluster
-
-    made = []
-    monkeypatch.setattr(cluster.ray, "remote", lambda cls: type("Remote", (), {
-        "options": staticmethod(lambda **options: made.append(options))}))
-    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
-    cluster.launcher(cluster.WorkerPlan(1, 1, 1, None), None, None, {})
-    cluster.launcher(cluster.WorkerPlan(1, 0, 2, None), None, None, {})
-    assert made[0]["runtime_env"] == {"env_vars": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
-    assert "runtime_env" not in made[1]
+    gpu.configure_cuda_allocator()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
