@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_transformer import timed  # noqa: E402
 from cosmos3.layers.attention_kernels import (  # noqa: E402
     CudnnFp8Kernel,
+    FlashInferKernel,
     SdpaKernel,
     exact_attention,
     fp8_attention_reference,
@@ -92,6 +94,14 @@ def candidates() -> dict:
     except Exception as err:  # noqa: BLE001 - report why it could not run
         missing["cudnn-fp8"] = f"{type(err).__name__}: {err}"
     try:
+        import flashinfer
+
+        note = f"flashinfer {flashinfer.__version__} (JIT-compiled on first call)"
+        for kernel in (FlashInferKernel(fp8=False), FlashInferKernel(fp8=True)):
+            found[kernel.name] = (lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=False), note)
+    except Exception as err:  # noqa: BLE001
+        missing["flashinfer"] = f"{type(err).__name__}: {err}"
+    try:
         from sageattention import sageattn
 
         def sage(q, k, v):  # INT8 QK (per block, K smoothed in place: hence the clone), fp16 PV
@@ -115,22 +125,27 @@ def run_shape(n_gen: int, kernels: dict, iters: int) -> list[dict]:
     rows = []
     for name, (kernel, note) in kernels.items():
         try:
+            start = time.perf_counter()
             out = kernel(q, k, v)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start  # plan building or JIT compilation, if any
             ms = timed(lambda: kernel(q, k, v), iters, warmup=3)
-            rows.append(dict(name=name, ms=ms, tflops=flops / ms / 1e9, err=rel_l2(out[rows_idx], ref), note=note))
+            rows.append(dict(name=name, ms=ms, tflops=flops / ms / 1e9, err=rel_l2(out[rows_idx], ref), first=first,
+                             note=note))
         except Exception as err:  # noqa: BLE001 - one kernel's failure is a table row, not a crash
-            rows.append(dict(name=name, ms=float("nan"), tflops=float("nan"), err=float("nan"),
+            rows.append(dict(name=name, ms=float("nan"), tflops=float("nan"), err=float("nan"), first=float("nan"),
                              note=f"failed: {type(err).__name__}: {str(err).splitlines()[0][:160]}"))
         torch.cuda.empty_cache()
     quant_ms = timed(lambda: fp8_inputs(q, k, v), iters, warmup=3)  # smoothing K and V included
     rows.append(dict(name="  (FP8 scales + quantize Q/K/V alone)", ms=quant_ms, tflops=float("nan"),
-                     err=float("nan"), note="part of the cudnn-fp8 row"))
+                     err=float("nan"), first=float("nan"), note="part of every FP8 kernel's row"))
     for smooth in (True, False):
         # The emulation holds [32, 256, Sk] scores: it runs on the error rows only, quantized as the kernel does.
         emulated = fp8_attention_reference(q, k, v, causal=False, fp8_output=True, smooth_k=smooth, smooth_v=smooth,
                                            rows=rows_idx)
         rows.append(dict(name=f"fp8 reference (fp32 emulation, {'K and V smoothed' if smooth else 'no smoothing'})",
-                         ms=float("nan"), tflops=float("nan"), err=rel_l2(emulated, ref), note="error only"))
+                         ms=float("nan"), tflops=float("nan"), err=rel_l2(emulated, ref), first=float("nan"),
+                         note="error only"))
     return rows
 
 
@@ -149,10 +164,11 @@ def main() -> None:
         rows = run_shape(n, kernels, args.iters)
         print(f"\n### {n:,} queries x {n + TEXT:,} keys, {HEADS}/{KV_HEADS} heads, d {HEAD_DIM}; error: relative L2 "
               f"vs fp32 over {ERROR_ROWS} query rows")
-        print("| kernel | ms | TFLOP/s | rel. L2 error | library / note |")
-        print("|---|---|---|---|---|")
+        print("| kernel | ms | TFLOP/s | rel. L2 error | first call s | library / note |")
+        print("|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['name']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['err']:.4f} | {r['note']} |")
+            print(f"| {r['name']} | {r['ms']:.3f} | {r['tflops']:.0f} | {r['err']:.4f} | {r['first']:.2f} "
+                  f"| {r['note']} |")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,11 @@ loaded = ops.load_cuda_ops()
 gate, up = (torch.randn(4096, device="cuda") * 3).bfloat16(), torch.randn(4096, device="cuda").bfloat16()
 scale = torch.tensor([0.02], device="cuda")
 bits = lambda t: t.cpu().view(torch.uint8)
-exact = (torch.equal(bits(ops.quantize_fp8(gate, scale)), bits(ops.quantize_fp8(gate.cpu(), scale.cpu())))
-         and torch.equal(bits(ops.silu_and_mul_2in(gate, up, scale=scale)),
-                         bits(ops.silu_and_mul_2in(gate.cpu(), up.cpu(), scale=scale.cpu()))))
+cpu = lambda v: v.cpu() if isinstance(v, torch.Tensor) else v
+same = lambda op, *args, **kw: torch.equal(bits(op(*args, **kw)),
+                                           bits(op(*map(cpu, args), **{k: cpu(v) for k, v in kw.items()})))
+exact = (same(ops.quantize_fp8, gate, scale) and same(ops.silu_and_mul_2in, gate, up, scale=scale)
+         and same(ops.dequantize_fp8, ops.quantize_fp8(gate, scale), scale, torch.bfloat16))
 print(json.dumps({"source": loaded.source, "load_s": loaded.seconds, "torch_cuda_s": cuda_ready - start,
                   "process_s": time.perf_counter() - start, "bit_exact": exact, "cosmos3": ops.__file__,
                   "nvcc": shutil.which("nvcc"), "library": loaded.path}))

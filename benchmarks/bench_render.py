@@ -78,7 +78,7 @@ def do_write(args) -> dict:
 # -- farm ------------------------------------------------------------------------------------------
 
 
-def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str]) -> Path:
+def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str], attention: str = "auto") -> Path:
     import imageio.v3 as iio
     import numpy as np
     import yaml
@@ -90,7 +90,8 @@ def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str]
         iio.imwrite(folder / "inputs" / "frame.png", frame)
     manifest = {
         "version": 1, "name": f"nano-{variant}",
-        "model": {"checkpoint": str(checkpoint), "precision": "auto", "step_precision": "auto"},
+        "model": {"checkpoint": str(checkpoint), "precision": "auto", "step_precision": "auto",
+                  "attention": attention},
         "output": {"root": str(folder / "renders"), "path": "{task}/{id}"},
         "defaults": {"retries": 0, "timeout": "20m", "fps": 24},
         "jobs": [{**JOBS[j], "prompt": PROMPT} for j in jobs],
@@ -119,10 +120,10 @@ def _collect(folder: Path, out: Path, variant: str, stop: threading.Event) -> No
 
 def do_farm(args) -> dict:
     checkpoint = args.root / args.variant
-    folder = args.root / f"run-{args.variant}"
+    folder = args.root / f"run-{args.variant}-{args.attention}"
     shutil.rmtree(folder, ignore_errors=True)
     jobs = args.jobs.split(",")
-    manifest = write_manifest(folder, checkpoint, args.variant, jobs)
+    manifest = write_manifest(folder, checkpoint, args.variant, jobs, args.attention)
     cache = drop_page_cache() if args.drop_caches else "kept"
     args.out.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -143,7 +144,8 @@ def do_farm(args) -> dict:
             sidecars[job] = json.loads(sidecar.read_text())
             sidecars[job]["media"]["size_on_disk"] = media.stat().st_size
     summaries = sorted((folder / "renders" / ".farm").glob("*/runs/*.json"))
-    return {"kind": "farm", "machine": machine(), "variant": args.variant, "command": " ".join(command),
+    return {"kind": "farm", "machine": machine(), "variant": args.variant, "attention": args.attention,
+            "command": " ".join(command),
             "exit": run.returncode, "seconds": seconds, "page_cache": cache, "sidecars": sidecars,
             "summary": json.loads(summaries[-1].read_text()) if summaries else None}
 
@@ -253,10 +255,10 @@ def job_table(job: str, record: dict) -> list[str]:
     rows = [
         ("worker start: ops load s", _s(start["ops"])),
         ("worker start: model allocate s", _s(start["build"])),
+        ("worker start: attention kernels ready s", _s(start.get("attention_kernels"))),
         ("worker start: checkpoint read s (GB, GB/s)",
          f"{_s(start['checkpoint_read'])} ({start['checkpoint_bytes'] / 1e9:.2f} GB, "
          f"{_s(start['checkpoint_gb_per_s'])} GB/s)"),
-        ("worker start: W8A16 dequantization compile s", _s(start.get("w8a16_compile"))),
         ("worker start: VAE load s", _s(start["vae"])),
         ("worker start: pipeline load s / whole worker start s", f"{_s(start['total'])} / {_s(start['worker'])}"),
         ("tokenize s", _s(t["tokenize"], 3)),
@@ -332,8 +334,8 @@ def direct_tables(r: dict) -> list[str]:
     lines = ["### Pipeline alone (no Ray): worker start, T2I twice, a T2V latent decoded untiled and tiled", "",
              "| figure | value |", "|---|---|",
              f"| page cache | {load['page_cache']} |",
-             f"| ops / allocate / checkpoint read / W8A16 compile / VAE / pipeline total s | {_s(load['ops'])} / "
-             f"{_s(load['build'])} / {_s(load['checkpoint_read'])} / {_s(load.get('w8a16_compile'))} / "
+             f"| ops / allocate / attention kernels / checkpoint read / VAE / pipeline total s | {_s(load['ops'])} / "
+             f"{_s(load['build'])} / {_s(load.get('attention_kernels'))} / {_s(load['checkpoint_read'])} / "
              f"{_s(load['vae'])} / {_s(load['total'])} |",
              f"| checkpoint read | {load['checkpoint_bytes'] / 1e9:.2f} GB at {_s(load['checkpoint_gb_per_s'])} GB/s |"]
     for i, job in enumerate(r["t2i"]):
@@ -394,6 +396,7 @@ def main() -> None:
     farm.add_argument("--root", type=Path, required=True)
     farm.add_argument("--variant", default="fp8")
     farm.add_argument("--jobs", default="t2i,t2v,i2v")
+    farm.add_argument("--attention", default="auto", choices=["auto", "bf16", "fp8"])
     farm.add_argument("--drop-caches", action="store_true")
     farm.add_argument("--out", type=Path, required=True)
     diff = sub.add_parser("diffusers")

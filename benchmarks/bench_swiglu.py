@@ -1,4 +1,4 @@
-"""silu_and_mul_2in (and quantize_fp8) against the copy ceiling, torch.compile and eager PyTorch.
+"""silu_and_mul_2in (and quantize_fp8, dequantize_fp8) against the copy ceiling, torch.compile and eager PyTorch.
 
 Prints the machine, the device-to-device copy bandwidth measured in this run, then per shape and output:
 the op's median time, its effective bandwidth (bytes read + written / time), that as a percentage of the
@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos3 import ops
+from cosmos3.quant.w8a16 import dequantize
 
 SHAPES = [(32760, 16384), (8192, 16384), (1760, 12288)]  # [M, I]: Cosmos3 MLP activations
 COPY_BYTES = 4 << 30
@@ -84,12 +85,15 @@ def cases(m: int, i: int) -> list[Case]:
     gate = (torch.randn(m, i, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     up = (torch.randn(m, i, device="cuda", generator=gen) * 2).to(torch.bfloat16)
     scale = torch.tensor([SCALE], device="cuda")
+    weight = ops.quantize_fp8(gate, scale)
     n = m * i
     return [
         Case("swiglu bf16->fp8", lambda: ops.silu_and_mul_2in(gate, up, scale=scale), swiglu_formula,
              (gate, up, scale), 5 * n),
         Case("swiglu bf16->bf16", lambda: ops.silu_and_mul_2in(gate, up), swiglu_formula, (gate, up, None), 6 * n),
         Case("quantize bf16->fp8", lambda: ops.quantize_fp8(gate, scale), quantize_formula, (gate, scale), 3 * n),
+        Case("dequant fp8->bf16", lambda: ops.dequantize_fp8(weight, scale, torch.bfloat16), dequantize,
+             (weight, scale, torch.bfloat16), 3 * n),
     ]
 
 
@@ -99,7 +103,7 @@ def main() -> None:
     args = parser.parse_args()
 
     ops.load_cuda_ops()
-    compiled = {f: torch.compile(f, fullgraph=True) for f in (swiglu_formula, quantize_formula)}
+    compiled = {f: torch.compile(f, fullgraph=True) for f in (swiglu_formula, quantize_formula, dequantize)}
     copy = copy_tbps(args.reps)
     print(machine_line())
     print(f"device-to-device copy: {copy:.2f} TB/s (read + write, {COPY_BYTES >> 30} GiB, median of {args.reps})")

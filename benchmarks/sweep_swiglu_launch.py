@@ -1,9 +1,10 @@
-"""Measures the launch parameters of silu_and_mul_2in and quantize_fp8 on this GPU.
+"""Measures the launch parameters of silu_and_mul_2in, quantize_fp8 and dequantize_fp8 on this GPU.
 
 Times every (threads per block, vectors per thread) the kernels accept on M x I = 32760 x 16384 bf16 inputs
-and prints, per config, the median time and the percentage of the device-to-device copy bandwidth measured in
-the same run; then the best row for this SM version, to paste into cosmos3/launch_table.py. silu_and_mul_2in
-is ranked by its FP8-output time (the static-FP8 MLP path); its bf16-output time is shown beside it.
+(dequantize_fp8: their FP8 quantization, to bf16) and prints, per config, the median time and the percentage
+of the device-to-device copy bandwidth measured in the same run; then the best row for this SM version, to paste
+into cosmos3/launch_table.py. silu_and_mul_2in is ranked by its FP8-output time (the static-FP8 MLP path); its
+bf16-output time is shown beside it.
 
     python benchmarks/sweep_swiglu_launch.py [--reps 50]
 """
@@ -50,6 +51,7 @@ def main() -> None:
     gate = (torch.randn(M, I, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     up = (torch.randn(M, I, device="cuda", generator=gen) * 2).to(torch.bfloat16)
     scale = torch.tensor([0.02], device="cuda")
+    weight = ops.quantize_fp8(gate, scale)
     n = M * I
     copy = copy_tbps(args.reps)
     print(machine_line())
@@ -62,6 +64,9 @@ def main() -> None:
         }, args.reps, copy),
         "quantize_fp8": sweep(ext, sm, "quantize_fp8", {
             "bf16 in": (lambda: ops.quantize_fp8(gate, scale), 3 * n),
+        }, args.reps, copy),
+        "dequantize_fp8": sweep(ext, sm, "dequantize_fp8", {
+            "bf16 out": (lambda: ops.dequantize_fp8(weight, scale, torch.bfloat16), 3 * n),
         }, args.reps, copy),
     }
     print(f"\nlaunch_table.py row for sm_{sm}:")

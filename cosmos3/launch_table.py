@@ -15,7 +15,7 @@ import structlog
 
 log = structlog.get_logger(__name__)
 
-OPS = ("silu_and_mul_2in", "quantize_fp8")
+OPS = ("silu_and_mul_2in", "quantize_fp8", "dequantize_fp8")
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class LaunchParams:
     vectors_per_thread: int  # 1, 2 or 4; threads * vectors_per_thread <= 1024 (the kernel's launch bounds)
 
 
-# Any arch without a row: 128-thread blocks of two vectors per thread, within 8% of the best config for both
-# ops on the H200 and needing only 16 resident blocks per SM for full occupancy (64-thread blocks need 32).
+# Any arch without a row: 128-thread blocks of two vectors per thread, within 8% of the best config for every
+# op on the H200 and needing only 16 resident blocks per SM for full occupancy (64-thread blocks need 32).
 DEFAULT: dict[str, LaunchParams] = {op: LaunchParams(threads=128, vectors_per_thread=2) for op in OPS}
 
 # sm_90 (H200) was measured with benchmarks/sweep_swiglu_launch.py on an H200 (132 SMs, torch 2.11+cu130,
@@ -35,8 +35,11 @@ DEFAULT: dict[str, LaunchParams] = {op: LaunchParams(threads=128, vectors_per_th
 # 64x2 0.369 ms (102%), 128x2 and 512x2 within 0.1%, 256x1 0.406 ms.
 # The sweep runs the GPU at its power cap (lower SM clock), so its FP8 swiglu times are 5-10% above the
 # bench's for the same config (benchmarks/results/h200-2026-11-30.md); the ranking held in every sweep.
+# dequantize_fp8, FP8 in and bf16 out, one sweep on 2026-12-01 (benchmarks/results/h200-2026-12-01-dequantize-fp8.md):
+# 64x2 0.396 ms (95.3%), 256x2 0.398, 1024x1 0.398, 128x2 0.399, 64x4 0.427 ms; not yet repeated as the others were.
 _H200 = {"silu_and_mul_2in": LaunchParams(threads=64, vectors_per_thread=4),
-         "quantize_fp8": LaunchParams(threads=64, vectors_per_thread=2)}
+         "quantize_fp8": LaunchParams(threads=64, vectors_per_thread=2),
+         "dequantize_fp8": LaunchParams(threads=64, vectors_per_thread=2)}
 
 TABLE: dict[int, dict[str, LaunchParams]] = {
     90: _H200,

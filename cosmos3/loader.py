@@ -53,12 +53,16 @@ def build_transformer(
     started = clock()
     with torch.device(device):
         model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8, attention=attention)
-    model.attention.check_device(device)  # before loading: an unusable attention choice fails fast
     built = clock()
+    # Before loading: an unusable attention choice fails fast, and a kernel library's JIT build happens here.
+    model.attention.check_device(device)
+    kernels_ready = clock()
     load_checkpoint(model, tensors)
     model.validate_after_loading()
-    # Seconds to allocate the model, seconds and bytes to fill it from the checkpoint (worker start figures).
-    model.load_report = {"build": built - started, "read": clock() - built, "bytes": tensors.bytes_read}
+    # Seconds to allocate the model and to ready its attention kernels, seconds and bytes to fill it from the
+    # checkpoint (worker start figures).
+    model.load_report = {"build": built - started, "attention_kernels": kernels_ready - built,
+                         "read": clock() - kernels_ready, "bytes": tensors.bytes_read}
     if policy is not None:
         gen, und = tower_linears(model)
         model.step_controller = StepPrecisionController(gen, und, policy, model.attention)

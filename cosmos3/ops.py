@@ -6,9 +6,13 @@
         a scale (which differs from out / scale in ~1e-7 of FP8 results, by one step at a rounding tie).
     quantize_fp8(x, scale) -> Tensor
         static per-tensor quantization: saturate(x / scale) in FP8 e4m3.
+    dequantize_fp8(weight, scale, dtype) -> Tensor
+        W8A16's weight dequantization: (weight * scale) of an FP8 e4m3 weight in fp32, rounded once to dtype
+        (bf16 or fp16).
 
-Inputs are bf16, fp16 or fp32, contiguous, of any rank; ``scale`` is an fp32 tensor with one element on the
-input's device (read by the kernel, never on the host, so CUDA graphs see in-place updates).
+Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous, of any rank; ``scale`` is an
+fp32 tensor with one element on the input's device (read by the kernel, never on the host, so CUDA graphs see
+in-place updates).
 
 Registration. Schemas, CPU impls and fake impls are registered here with ``torch.library.Library``
 (``define``/``impl``: ~3.6 us a call, against ~11 us for ``torch.library.custom_op``; kernels.md section 4), so
@@ -28,14 +32,18 @@ from cosmos3 import ops_cpu, ops_loader
 from cosmos3.ops_cpu import FP8
 from cosmos3.ops_loader import load_cuda_ops
 
-__all__ = ["FP8", "INPUT_DTYPES", "load_cuda_ops", "quantize_fp8", "silu_and_mul_2in"]
+__all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "dequantize_fp8", "load_cuda_ops", "quantize_fp8",
+           "silu_and_mul_2in"]
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEQUANTIZE_DTYPES = (torch.bfloat16, torch.float16)  # dequantize_fp8's outputs: a W8A16 GEMM's 16-bit operand
 
 _LIB = torch.library.Library("cosmos3", "FRAGMENT")
 _LIB.define("silu_and_mul_2in(Tensor gate, Tensor up, Tensor? scale=None, float? limit=None, float alpha=1.0, "
             "float beta=0.0) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
 _LIB.define("quantize_fp8(Tensor x, Tensor scale) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
+_LIB.define("dequantize_fp8(Tensor weight, Tensor scale, ScalarType dtype) -> Tensor",
+            tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def silu_and_mul_2in(gate: torch.Tensor, up: torch.Tensor, *, scale: torch.Tensor | None = None,
@@ -47,6 +55,11 @@ def silu_and_mul_2in(gate: torch.Tensor, up: torch.Tensor, *, scale: torch.Tenso
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Static per-tensor FP8 e4m3 quantization of ``x`` ([...]) with an fp32 one-element ``scale``."""
     return torch.ops.cosmos3.quantize_fp8.default(x, scale)
+
+
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An FP8 e4m3 ``weight`` ([...]) times its fp32 one-element ``scale``, in ``dtype`` ([...], bf16 or fp16)."""
+    return torch.ops.cosmos3.dequantize_fp8.default(weight, scale, dtype)
 
 
 # --- argument checks (csrc/torch_bindings.cpp applies the same rules, in the same order and words) ---
@@ -64,11 +77,13 @@ def _check_contiguous(op: str, name: str, t: torch.Tensor) -> None:
 
 def _check_scale(op: str, scale: torch.Tensor, x: torch.Tensor) -> None:
     if scale.dtype != torch.float32:
-        raise ValueError(f"{op}: scale must be float32, got {scale.dtype}")
+        raise ValueError(f"{op}: scale must be float32, got {scale.dtype}; pass scale.float()")
     if scale.numel() != 1:
-        raise ValueError(f"{op}: scale must have exactly one element, got shape {list(scale.shape)}")
+        raise ValueError(f"{op}: scale must have exactly one element, got shape {list(scale.shape)}; pass one "
+                         "per-tensor scale, shape [1] or []")
     if scale.device != x.device:
-        raise ValueError(f"{op}: scale must be on the input's device {x.device}, got {scale.device}")
+        raise ValueError(f"{op}: scale must be on the input's device {x.device}, got {scale.device}; move it there "
+                         "with .to()")
 
 
 def _check_swiglu_args(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor | None,
@@ -95,6 +110,18 @@ def _check_quantize_args(x: torch.Tensor, scale: torch.Tensor) -> None:
     _check_scale("quantize_fp8", scale, x)
 
 
+def _check_dequantize_args(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> None:
+    op = "dequantize_fp8"
+    if weight.dtype != FP8:
+        raise ValueError(f"{op}: weight must be float8_e4m3fn, got {weight.dtype}; pass the checkpoint's FP8 weight "
+                         "(a 16-bit one needs no dequantization)")
+    _check_contiguous(op, "weight", weight)
+    _check_scale(op, scale, weight)
+    if dtype not in DEQUANTIZE_DTYPES:
+        raise ValueError(f"{op}: dtype must be bfloat16 or float16, got {dtype}; pass the 16-bit dtype of the "
+                         "activations the weight multiplies")
+
+
 # --- fake impls: output shape and dtype only ---
 
 def _silu_and_mul_2in_fake(gate, up, scale=None, limit=None, alpha=1.0, beta=0.0):
@@ -107,6 +134,10 @@ def _quantize_fp8_fake(x, scale):
     return x.new_empty(x.shape, dtype=FP8)
 
 
+def _dequantize_fp8_fake(weight, scale, dtype):
+    _check_dequantize_args(weight, scale, dtype)
+    return weight.new_empty(weight.shape, dtype=dtype)
+
 
 # --- CPU impls: checked here, computed by ops_cpu ---
 
@@ -118,6 +149,11 @@ def _silu_and_mul_2in_cpu(gate, up, scale=None, limit=None, alpha=1.0, beta=0.0)
 def _quantize_fp8_cpu(x, scale):
     _check_quantize_args(x, scale)
     return ops_cpu.quantize_fp8(x, scale)
+
+
+def _dequantize_fp8_cpu(weight, scale, dtype):
+    _check_dequantize_args(weight, scale, dtype)
+    return ops_cpu.dequantize_fp8(weight, scale, dtype)
 
 
 def _load_then_redispatch(op_name: str):
@@ -134,7 +170,8 @@ def _load_then_redispatch(op_name: str):
 
 
 for _name, _fake, _cpu in (("silu_and_mul_2in", _silu_and_mul_2in_fake, _silu_and_mul_2in_cpu),
-                           ("quantize_fp8", _quantize_fp8_fake, _quantize_fp8_cpu)):
+                           ("quantize_fp8", _quantize_fp8_fake, _quantize_fp8_cpu),
+                           ("dequantize_fp8", _dequantize_fp8_fake, _dequantize_fp8_cpu)):
     torch.library.register_fake(f"cosmos3::{_name}", _fake, lib=_LIB)
     _LIB.impl(_name, _cpu, "CPU")
     _LIB.impl(_name, _load_then_redispatch(_name), "CompositeExplicitAutograd")

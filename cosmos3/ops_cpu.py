@@ -139,3 +139,10 @@ def silu_and_mul_2in(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor |
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x: [...] -> [...] FP8 e4m3, saturate(x / scale); the CPU impl of cosmos3::quantize_fp8."""
     return _to_fp8(x.float() / scale.reshape(()))
+
+
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight: [...] FP8 e4m3 -> [...] in dtype, weight * scale in fp32 rounded to nearest even into dtype; the
+    CPU impl of cosmos3::dequantize_fp8. The scale stays fp32 (CUDA eager torch's weight.to(bf16) * scale rounds
+    it to bf16 first)."""
+    return (weight.float() * scale.reshape(())).to(dtype)

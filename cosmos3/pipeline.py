@@ -30,10 +30,8 @@ from cosmos3.config import SOUND_TOKENIZER_DIR, SoundSupport, read_sound_support
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.load_options import Precision
-from cosmos3.loader import tower_linears
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt import PromptSpec, PromptTokenizer
-from cosmos3.quant.w8a16 import compile_fused_dequantize
 from cosmos3.request import (
     NO_SOUND,
     V2V_CONDITION_LATENT_FRAMES,
@@ -176,24 +174,22 @@ class Cosmos3Pipeline:
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         timings = {"ops": ops_seconds}
+        vae_import = WanVAE.prefetch_import()  # while the transformer's checkpoint is read
         if model is None:
             model = load_transformer(root, device=device, dtype=dtype, precision=precision,
                                      step_precision=step_precision, attention=attention, parallel=parallel)
             if cuda_graphs and device.type == "cuda":
                 enable_cuda_graphs(model)
-            model_done = clock()
-            if device.type == "cuda" and model.step_controller is not None:  # W8A16 steps and UND: compiled kernels
-                gen, und = tower_linears(model)
-                compile_fused_dequantize(gen + und, dtype)
             read = model.load_report
             timings |= {
                 "build": read["build"],  # the model's (empty) parameters allocated on the device
+                "attention_kernels": read["attention_kernels"],  # built or loaded (FlashInfer's JIT, cuDNN)
                 "checkpoint_read": read["read"],  # safetensors shards straight into them, device copies included
                 "checkpoint_bytes": read["bytes"],
                 "checkpoint_gb_per_s": read["bytes"] / read["read"] / 1e9 if read["read"] > 0 else None,
-                "w8a16_compile": clock() - model_done if device.type == "cuda" else None,
             }
-        compiled = clock()
+        model_done = clock()
+        vae_import.join()
         vae_dtype = dtype if device.type == "cuda" else torch.float32
         vae = WanVAE.from_pretrained(root / "vae", device=device, dtype=vae_dtype)
         vae_done = clock()
@@ -212,7 +208,7 @@ class Cosmos3Pipeline:
             sound=sound,
             sound_tokenizer=sound_tokenizer,
         )
-        pipe.load_timings = {**timings, "vae": vae_done - compiled, "total": clock() - started}
+        pipe.load_timings = {**timings, "vae": vae_done - model_done, "total": clock() - started}
         return pipe
 
     # -- stages ------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class Cosmos3Transformer(nn.Module):
         self.config = config
         self.precision = precision
         self.dtype = dtype
-        self.attention = AttentionKernels(attention)
+        self.attention = AttentionKernels(attention, config.head_dim)
         self.step_controller = None  # set by the loader when a step policy is in force
         # The last layer's UND MLP output is never read (GEN needs only its K/V), so it is
         # skipped; FP8 calibration turns this off so every projection sees activations.

@@ -8,6 +8,8 @@ pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
 
 import torch
@@ -39,6 +41,21 @@ class WanVAE:
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
         self.force_tiling: bool | None = None  # None: decide by free memory; True / False: always / never tile
         self.last_decode_tiled: bool | None = None
+
+    @staticmethod
+    def prefetch_import() -> threading.Thread:
+        """Start importing diffusers' VAE module in a thread, and return it. The import is most of the VAE's
+        load (5-8 s of Python module set-up on the CPU machine) and needs only the interpreter, so it can run
+        while the transformer's checkpoint read waits on the disk and the copies. Failures are left to
+        ``from_pretrained``'s own import, which reports them."""
+
+        def run() -> None:
+            with contextlib.suppress(Exception):
+                from diffusers import AutoencoderKLWan  # noqa: F401
+
+        thread = threading.Thread(target=run, name="import-diffusers-vae", daemon=True)
+        thread.start()
+        return thread
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, device: torch.device, dtype: torch.dtype = torch.float32) -> WanVAE:

@@ -14,6 +14,12 @@ checkpoint -> ModelOpt (cosmos3.fp8_export, ``pip install .[quantize]``) calibra
 our pipeline (sound on) and writes the static FP8 checkpoint, with the published diffusion_step_policy ->
 accuracy of FP8 renders, read from their pixels and their tones. Everything is seeded: the same arguments
 on the same machine give the same files.
+
+Every stage runs single-threaded (``OMP_NUM_THREADS=1``: two OpenMP threads on shared cores spin-wait for each
+other), so other processes take what does not wait on the main line: the sound decoder trains beside the VAE, the
+VAE's batches are drawn ahead of its steps, and the scene encoding is split between two processes by batch. Each
+piece draws from its own seeded stream and is computed by the same code at the same thread count, so the files
+are those of a one-process run, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import multiprocessing
 import shutil
 import sys
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,8 +181,20 @@ def _start_time_as_identity(vae) -> None:
             module.time_conv.bias.zero_()
 
 
-def train_vae(settings: Settings, rng: np.random.Generator):
-    """A small AutoencoderKLWan trained on drawn scenes: stills first (space), then stills and clips (time).
+def draw_vae_batches(settings: Settings, batches) -> None:
+    """Put the VAE's training batches ``[B, 3, T, H, W]`` on the queue ``batches`` in step order, drawn from
+    one random stream (seed ``settings.seed``): run in a second process, the drawing (~40 s) overlaps training."""
+    rng = np.random.default_rng(settings.seed)
+    stills_only = int(settings.vae_steps * VAE_STILLS_ONLY)
+    for step in range(settings.vae_steps):
+        moving = step >= stills_only and step % 2 == 1
+        # As an array, pickled by value: a tensor would travel as a shared-memory handle that dies with this process.
+        batches.put(draw_batch(rng, VAE_CLIP_BATCH if moving else VAE_STILL_BATCH, moving=moving)[1].numpy())
+
+
+def train_vae(settings: Settings, batches):
+    """A small AutoencoderKLWan trained on drawn scenes (``batches.get()`` returns the next step's, as
+    ``draw_vae_batches`` puts them): stills first (space), then stills and clips (time).
 
     The decoder reads the posterior mode, as the pipeline encodes. No KL term: sampling would bury a
     fresh encoder's small latents under unit noise, and the pipeline normalises latents per channel.
@@ -185,11 +205,9 @@ def train_vae(settings: Settings, rng: np.random.Generator):
     vae = AutoencoderKLWan(**VAE_CONFIG, latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
     _start_time_as_identity(vae)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=VAE_LR, betas=(0.9, 0.99), weight_decay=0.0)
-    stills_only = int(settings.vae_steps * VAE_STILLS_ONLY)
     start = time.perf_counter()
     for step in range(settings.vae_steps):
-        moving = step >= stills_only and step % 2 == 1
-        _, x = draw_batch(rng, VAE_CLIP_BATCH if moving else VAE_STILL_BATCH, moving=moving)
+        x = torch.from_numpy(batches.get(timeout=600))  # nothing for 10 min: the drawing process died (see above)
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample
         loss = _reconstruction_loss(y, x)
         _descend(optimizer, loss, _cosine_lr(step, settings.vae_steps, VAE_LR, warmup=20))
@@ -219,20 +237,51 @@ def _prompt_ids(tokenizer: PromptTokenizer, caption: str, moving: bool, *, negat
     return tokenizer.encode(with_metadata(caption, spec, negative=negative), spec.kind)
 
 
+ENCODE_BATCH = 32
+
+
+def _scene_batches(rng: np.random.Generator, settings: Settings):
+    """The training scenes in batches, ``(moving, scenes, pixels [B, 3, T, H, W])``: stills, then clips."""
+    for moving, count in ((False, settings.images), (True, settings.clips)):
+        for first in range(0, count, ENCODE_BATCH):
+            yield moving, *draw_batch(rng, min(ENCODE_BATCH, count - first), moving=moving)
+
+
+def _vae_from_state(state: dict):
+    from diffusers import AutoencoderKLWan
+
+    vae = AutoencoderKLWan(**VAE_CONFIG, latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
+    vae.load_state_dict(state)
+    return vae.eval()
+
+
 @torch.no_grad()
-def encode_scenes(vae, tokenizer: PromptTokenizer, rng: np.random.Generator, settings: Settings):
+def _encode_odd_batches(state: dict, rng_seed: int, settings: Settings) -> list[torch.Tensor]:
+    """The helper process's half of ``encode_scenes``: it draws every batch (the draws share one random
+    stream) and encodes the odd ones."""
+    vae = _vae_from_state(state)
+    return [vae.encode(x).latent_dist.mode()
+            for index, (_, _, x) in enumerate(_scene_batches(np.random.default_rng(rng_seed), settings)) if index % 2]
+
+
+@torch.no_grad()
+def encode_scenes(vae, tokenizer: PromptTokenizer, rng_seed: int, settings: Settings, helper: Executor):
     """Encode the training scenes (posterior mode), then normalise latents per channel as the pipeline does.
+    The even batches are encoded here, the odd ones by ``helper`` at the same time.
 
     Returns the buckets and the ``(latents_mean, latents_std)`` to store in ``vae/config.json``.
     """
+    odd = helper.submit(_encode_odd_batches, vae.state_dict(), rng_seed, settings)
+    drawn = [(moving, batch, None if index % 2 else vae.encode(x).latent_dist.mode())  # mu [B, C, T', H', W']
+             for index, (moving, batch, x) in enumerate(_scene_batches(np.random.default_rng(rng_seed), settings))]
+    odd_latents = iter(odd.result())
     samples: dict[tuple[bool, int], list] = {}
-    for moving, count in ((False, settings.images), (True, settings.clips)):
-        for first in range(0, count, 32):
-            batch, x = draw_batch(rng, min(32, count - first), moving=moving)
-            mu = vae.encode(x).latent_dist.mode()  # [B, C, T', H', W']
-            for scene, latent in zip(batch, mu, strict=True):
-                ids = _prompt_ids(tokenizer, scene.caption, moving, negative=False)
-                samples.setdefault((moving, len(ids)), []).append((ids, latent, scene))
+    for moving, batch, mu in drawn:
+        if mu is None:
+            mu = next(odd_latents)
+        for scene, latent in zip(batch, mu, strict=True):
+            ids = _prompt_ids(tokenizer, scene.caption, moving, negative=False)
+            samples.setdefault((moving, len(ids)), []).append((ids, latent, scene))
     everything = torch.cat([lat.flatten(1) for group in samples.values() for _, lat, _ in group], dim=1)  # [C, *]
     mean, std = everything.mean(1), everything.std(1)
     buckets = []
@@ -320,10 +369,15 @@ def train_transformer(buckets: list[Bucket], settings: Settings, start: Path | N
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def write_bf16(root: Path, vae, sound_tokenizer, transformer) -> None:
-    """The rest of the BF16 checkpoint in the published layout (``make_tokenizer`` wrote ``text_tokenizer/``)."""
+def write_sound_tokenizer(folder: Path, settings: Settings) -> None:
+    """Train the sound decoder (toy.audio, seeded on its own) and write ``sound_tokenizer/``."""
+    audio.train_tokenizer(settings.sound_steps, settings.seed).save_pretrained(str(folder), safe_serialization=True)
+
+
+def write_bf16(root: Path, vae, transformer) -> None:
+    """The rest of the BF16 checkpoint in the published layout (``make_tokenizer`` wrote ``text_tokenizer/``,
+    ``write_sound_tokenizer`` ``sound_tokenizer/``)."""
     vae.save_pretrained(str(root / "vae"), safe_serialization=True)
-    sound_tokenizer.save_pretrained(str(root / "sound_tokenizer"), safe_serialization=True)
     # Shards small enough that the index exists, as in every published checkpoint.
     save_transformer(transformer, root / "transformer", max_shard_size="4MB")
     write_pipeline_files(root, dict(UNIPC_SCHEDULER), sound=True)
@@ -396,13 +450,23 @@ def main() -> None:
 
     tokenizer = make_tokenizer(bf16)
     if vae is None:
-        vae = train_vae(settings, np.random.default_rng(settings.seed))
-    sound_tokenizer = audio.train_tokenizer(settings.sound_steps, settings.seed)
-    # Its own stream, so the scene set is the same whether the VAE was trained now or before.
-    buckets, mean, std = encode_scenes(vae, tokenizer, np.random.default_rng(settings.seed + 2), settings)
+        # Forked, not spawned: a spawned process would spend its first ~8 s re-importing this script while the
+        # VAE waits for its first batch. Forked first, before the helper pool's threads exist.
+        fork = multiprocessing.get_context("fork")
+        batches = fork.Queue(maxsize=8)
+        drawer = fork.Process(target=draw_vae_batches, args=(settings, batches), daemon=True)
+        drawer.start()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as helper:
+        sound = helper.submit(write_sound_tokenizer, bf16 / "sound_tokenizer", settings)
+        if vae is None:
+            vae = train_vae(settings, batches)
+            drawer.join()
+        # Its own stream (seed + 2), so the scene set is the same whether the VAE was trained now or before.
+        buckets, mean, std = encode_scenes(vae, tokenizer, settings.seed + 2, settings, helper)
+        sound.result()
     vae.register_to_config(latents_mean=mean, latents_std=std)
     transformer = train_transformer(buckets, settings, args.transformer_from)
-    write_bf16(bf16, vae, sound_tokenizer, transformer)
+    write_bf16(bf16, vae, transformer)
     write_fp8(bf16, fp8, settings.seed)
     print(f"wrote {bf16} and {fp8} in {time.perf_counter() - start:.0f}s", flush=True)
     if settings.eval_seeds:

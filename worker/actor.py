@@ -41,8 +41,8 @@ class Output(Protocol):
 
 # Every sidecar carries these keys; a figure that does not apply (GPU memory on a CPU worker, a fake
 # renderer's checkpoint read) is None, so sidecars of every worker have one shape.
-WORKER_START_FIELDS = ("ops", "build", "checkpoint_read", "checkpoint_bytes", "checkpoint_gb_per_s", "w8a16_compile",
-                       "vae", "total")
+WORKER_START_FIELDS = ("ops", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
+                       "checkpoint_gb_per_s", "vae", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
                  "vae_decode_tiled")
 

@@ -49,4 +49,11 @@ cudaError_t quantize_fp8(const void* x,        // [n] in_dtype
                          const float* scale,   // [1]
                          int64_t n, Dtype in_dtype, LaunchConfig config, cudaStream_t stream);
 
+// out = weight * *scale in fp32, rounded once to out_dtype (nearest even); unlike CUDA eager torch's
+// weight.to(bf16) * scale, the scale is not rounded to bf16 first.
+cudaError_t dequantize_fp8(const void* weight,   // [n] FP8 e4m3
+                           void* out,            // [n] out_dtype: bf16 or fp16
+                           const float* scale,   // [1]
+                           int64_t n, Dtype out_dtype, LaunchConfig config, cudaStream_t stream);
+
 }  // namespace cosmos3

@@ -4,8 +4,9 @@
 // torch.library), together with their CPU and fake impls, so the ops exist on a machine without CUDA or
 // nvcc. This file only adds the CUDA kernels, through TORCH_LIBRARY_IMPL(cosmos3, CUDA, m), when
 // cosmos3/ops_loader.py loads it (prebuilt in the wheel, or JIT-built). A TORCH_LIBRARY(cosmos3, m) block
-// here would own the namespace instead, and the ops would only exist after a CUDA build. The argument checks below apply the
-// rules of _check_swiglu_args / _check_quantize_args in cosmos3/ops.py, in the same order and words.
+// here would own the namespace instead, and the ops would only exist after a CUDA build. The argument checks
+// below apply the rules of _check_swiglu_args / _check_quantize_args / _check_dequantize_args in
+// cosmos3/ops.py, in the same order and words.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,7 +20,7 @@
 namespace cosmos3 {
 namespace {
 
-enum OpIndex { kSiluAndMul2in, kQuantizeFp8, kNumOps };
+enum OpIndex { kSiluAndMul2in, kQuantizeFp8, kDequantizeFp8, kNumOps };
 constexpr int kMaxSm = 256;
 
 // Launch parameters by SM version (10 * major + minor); SM 0 holds the fallback for any unset version.
@@ -40,7 +41,9 @@ std::string list_str(c10::IntArrayRef values) {
 OpIndex op_index(const std::string& op) {
   if (op == "silu_and_mul_2in") return kSiluAndMul2in;
   if (op == "quantize_fp8") return kQuantizeFp8;
-  TORCH_CHECK_VALUE(false, "set_launch_params: unknown op '", op, "'; expected silu_and_mul_2in or quantize_fp8");
+  if (op == "dequantize_fp8") return kDequantizeFp8;
+  TORCH_CHECK_VALUE(false, "set_launch_params: unknown op '", op,
+                    "'; expected silu_and_mul_2in, quantize_fp8 or dequantize_fp8");
 }
 
 void set_launch_params(int64_t sm, const std::string& op, int64_t threads, int64_t vectors_per_thread) {
@@ -76,11 +79,11 @@ void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
 
 void check_scale(const char* op, const at::Tensor& scale, const at::Tensor& input) {
   TORCH_CHECK_VALUE(scale.scalar_type() == at::kFloat, op, ": scale must be float32, got ",
-                    c10::toString(scale.scalar_type()));
+                    c10::toString(scale.scalar_type()), "; pass scale.float()");
   TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must have exactly one element, got shape ",
-                    list_str(scale.sizes()));
+                    list_str(scale.sizes()), "; pass one per-tensor scale, shape [1] or []");
   TORCH_CHECK_VALUE(scale.device() == input.device(), op, ": scale must be on the input's device ",
-                    input.device().str(), ", got ", scale.device().str());
+                    input.device().str(), ", got ", scale.device().str(), "; move it there with .to()");
 }
 
 void check_launch(const char* op, cudaError_t err) {
@@ -127,12 +130,32 @@ at::Tensor quantize_fp8_cuda(const at::Tensor& x, const at::Tensor& scale) {
   return out;
 }
 
+// weight: [...] FP8 e4m3; scale: [1] or [] fp32 -> [...] in dtype (bf16 or fp16).
+at::Tensor dequantize_fp8_cuda(const at::Tensor& weight, const at::Tensor& scale, at::ScalarType dtype) {
+  constexpr const char* kOp = "dequantize_fp8";
+  TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat8_e4m3fn, kOp, ": weight must be float8_e4m3fn, got ",
+                    c10::toString(weight.scalar_type()), "; pass the checkpoint's FP8 weight (a 16-bit one needs no "
+                    "dequantization)");
+  check_contiguous(kOp, "weight", weight);
+  check_scale(kOp, scale, weight);
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf, kOp, ": dtype must be bfloat16 or float16, got ",
+                    c10::toString(dtype), "; pass the 16-bit dtype of the activations the weight multiplies");
+
+  const c10::cuda::OptionalCUDAGuard guard(weight.device());
+  at::Tensor out = at::empty(weight.sizes(), weight.options().dtype(dtype));
+  check_launch(kOp, cosmos3::dequantize_fp8(weight.data_ptr(), out.data_ptr(), scale.data_ptr<float>(), weight.numel(),
+                                            dtype == at::kBFloat16 ? Dtype::kBFloat16 : Dtype::kFloat16,
+                                            launch_config(kDequantizeFp8), at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 }  // namespace
 }  // namespace cosmos3
 
 TORCH_LIBRARY_IMPL(cosmos3, CUDA, m) {
   m.impl("silu_and_mul_2in", &cosmos3::silu_and_mul_2in_cuda);
   m.impl("quantize_fp8", &cosmos3::quantize_fp8_cuda);
+  m.impl("dequantize_fp8", &cosmos3::dequantize_fp8_cuda);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -24,6 +24,7 @@ struct alignas(sizeof(T) * N) Vec {
 // The unsigned type __ldg reads in one access of `bytes` bytes.
 template <int bytes>
 struct LoadWord;
+template <> struct LoadWord<1> { using type = unsigned char; };
 template <> struct LoadWord<2> { using type = unsigned short; };
 template <> struct LoadWord<4> { using type = unsigned int; };
 template <> struct LoadWord<8> { using type = uint2; };
@@ -42,6 +43,10 @@ __device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(float x) { return x; }
+// Exact: every e4m3 value is a half (cvt.rn.f16x2.e4m3x2 on sm_89+), and every half a float.
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 x) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.__x, __NV_E4M3)));
+}
 
 // Round-to-nearest-even into a 16/32-bit type, matching torch's Tensor.to() on the CPU.
 template <typename T>
@@ -189,15 +194,20 @@ cudaError_t launch_map(Inputs<In, kInputs> in, Out* out, const float* scale, int
   }
 }
 
-// Calls f(T{}) with the CUDA type of a 16/32-bit input dtype.
+// Calls f(T{}) with the CUDA type of a 16-bit float dtype.
 template <typename F>
-cudaError_t dispatch_input_dtype(Dtype dtype, F&& f) {
+cudaError_t dispatch_16bit_dtype(Dtype dtype, F&& f) {
   switch (dtype) {
     case Dtype::kBFloat16: return f(__nv_bfloat16{});
     case Dtype::kFloat16: return f(__half{});
-    case Dtype::kFloat32: return f(float{});
     default: return cudaErrorInvalidValue;
   }
+}
+
+// Calls f(T{}) with the CUDA type of a 16/32-bit input dtype.
+template <typename F>
+cudaError_t dispatch_input_dtype(Dtype dtype, F&& f) {
+  return dtype == Dtype::kFloat32 ? f(float{}) : dispatch_16bit_dtype(dtype, f);
 }
 
 }  // namespace cosmos3

@@ -1,4 +1,5 @@
-"""Attention kernels of the MoT layers: torch SDPA for BF16, cuDNN's ``sdpa_fp8`` for FP8, one choice per model.
+"""Attention kernels of the MoT layers, one choice per model: FlashInfer's FA3 (BF16 and FP8) on Hopper where
+it is installed, else torch SDPA (cuDNN backend) for BF16 and cuDNN's ``sdpa_fp8`` for FP8.
 
 Every kernel maps ``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` (GQA, ``nh % nkv == 0``) to ``[Sq, nh*hd]``
 with softmax scale ``1/sqrt(hd)``; the token-major layout goes to the kernels as strides, never copied.
@@ -12,16 +13,18 @@ the kernel the probabilities P (<= 1 against the running row max) are FP8 with s
 Hopper cuDNN also writes O as FP8 (|O| <= max|V|, so O's scale is V's), which we dequantize.
 ``fp8_attention_reference`` is the same arithmetic in plain fp32 torch ops (CPU or GPU).
 
-bench_attention.py measured the candidates on the H200 at 44,160 x 44,672: cuDNN's are the fastest
-(BF16 615 TFLOP/s; FP8 784 with the recipe above). Smoothing V is what makes cuDNN's FP8 usable
-there: without it the error grows with the key count (3.8% relative L2 at 1,536 keys, 31% at
-44,672, where the emulation stays at 3%), with it 2.0%.
+bench_attention.py measured the candidates on the H200 at 44,160 x 44,672: FlashInfer 0.7.4's FA3 kernels
+are the fastest (BF16 663 TFLOP/s vs cuDNN's 625; FP8 847 at 1.6% relative L2 vs cuDNN's 799 at 2.0%),
+and at 1,024 x 1,536 its BF16 kernel takes 0.068 ms vs cuDNN's 0.097. Smoothing V is what makes cuDNN's
+FP8 usable there: without it the error grows with the key count (3.8% relative L2 at 1,536 keys, 31% at
+44,672, where the emulation stays at 3%), with it 2.0%. FA3 is Hopper-only (sm_90a): Blackwell runs cuDNN.
 """
 
 from __future__ import annotations
 
 import math
 
+import structlog
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -30,6 +33,8 @@ from cosmos3.attention_choice import check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.ops import FP8, quantize_fp8
 from cosmos3.ops_cpu import FP8_MAX
+
+log = structlog.get_logger(__name__)
 
 P_SCALE = FP8_MAX  # P in [0, 1] is stored as P * 448 in FP8
 
@@ -257,30 +262,74 @@ class _CudnnFp8Plan:
         return {"bf16_output": self.bf16_out, "expanded_kv": self.expand_kv}
 
 
+FA3_HEAD_DIMS = (64, 128, 256)
+
+
+class FlashInferKernel:
+    """FlashInfer's FA3 prefill kernel for one sequence (sm_90), BF16 or FP8 (the recipe above, one scale per
+    tensor handed to the kernel as per-head scales; O comes back in BF16). FlashInfer compiles the kernel
+    on first use (its JIT needs nvcc) unless its prebuilt ``flashinfer-jit-cache`` matches."""
+
+    min_queries = CudnnFp8Kernel.min_queries
+
+    def __init__(self, *, fp8: bool):
+        import flashinfer
+
+        self._prefill = flashinfer.single_prefill_with_kv_cache
+        self.fp8 = fp8
+        self.name = "flashinfer-fa3-fp8" if fp8 else "flashinfer-fa3"
+
+    def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
+        if not self.fp8:
+            return self._prefill(q, k, v, causal=causal, backend="fa3").reshape(q.shape[0], -1)
+        (q8, k8, v8), (sq, sk, sv), v_mean = fp8_inputs(q, k, v)
+        heads = {"scale_q": (sq, q.shape[1]), "scale_k": (sk, k.shape[1]), "scale_v": (sv, v.shape[1])}
+        scales = {name: s.expand(n).contiguous() for name, (s, n) in heads.items()}  # [heads] fp32
+        out = self._prefill(q8, k8, v8, **scales, o_dtype=q.dtype, causal=causal, backend="fa3")  # [Sq, nh, hd]
+        return add_value_mean(out.reshape(q.shape[0], -1), v_mean, q.shape[1] // k.shape[1])
+
+    def prepare(self, device: torch.device, head_dim: int) -> None:
+        """Build (or load from FlashInfer's cache) the kernel for ``head_dim`` now, at model load, with one
+        small call; raises where it cannot run here (no nvcc for the JIT, an unsupported head_dim)."""
+        if head_dim not in FA3_HEAD_DIMS:
+            raise ValueError(f"FA3 kernels exist for head_dim {FA3_HEAD_DIMS}, not {head_dim}")
+        q = torch.randn(128, 1, head_dim, device=device, dtype=torch.bfloat16)
+        self(q, q, q, causal=False)
+
+
 # ------------------------------------------------------------------ the choice
 
-def bf16_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn_available: bool) -> str:
-    """The fastest BF16 kernel for a device: cuDNN's SDPA on sm_90+ (614 vs 352 TFLOP/s for flash on the
-    H200 at 44,160 tokens, bench_attention.py), flash before that, torch's own dispatch off CUDA."""
+def bf16_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn_available: bool,
+                      flashinfer: bool) -> list[str]:
+    """The BF16 kernels for a device, fastest first (bench_attention.py on the H200 at 44,160 tokens:
+    FlashInfer FA3 663, SDPA cuDNN 625, SDPA flash 356 TFLOP/s); torch's own dispatch off CUDA.
+    ``flashinfer``: the package is installed (FA3 needs exactly sm_90, Hopper)."""
     if device_type != "cuda":
-        return "sdpa"
+        return ["sdpa"]
+    names = ["flashinfer-fa3"] if flashinfer and capability == (9, 0) else []
     if capability is not None and capability >= (9, 0) and cudnn_available:
-        return "sdpa-cudnn"
-    return "sdpa-flash"
+        names.append("sdpa-cudnn")
+    return names + ["sdpa-flash"]
 
 
-def fp8_kernel_name(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool) -> str:
-    """``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend installed (measured on the H200 only; cuDNN also
-    serves FP8 SDPA on Blackwell, with BF16 O); the fp32 reference math on CPU."""
+def fp8_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool,
+                     flashinfer: bool) -> list[str]:
+    """The FP8 kernels for a device, fastest first: FlashInfer's FA3 on sm_90 (847 vs cuDNN's 799 TFLOP/s
+    on the H200), ``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend (cuDNN also serves FP8 SDPA on
+    Blackwell, with BF16 O; not yet measured there); the fp32 reference math on CPU."""
     if device_type == "cpu":
-        return "fp8-reference"
+        return ["fp8-reference"]
     if device_type != "cuda" or capability is None or capability < (9, 0):
         raise ConfigError(f"attention='fp8' needs an sm_90+ (Hopper or Blackwell) GPU, got {device_type} "
                           f"with compute capability {capability}; use attention='auto'")
-    if not cudnn_frontend:
-        raise ConfigError("attention='fp8' runs cuDNN's FP8 SDPA, and the nvidia-cudnn-frontend package is not "
-                          "installed: pip install 'cosmos3-farm[fp8-attention]', or use attention='auto'")
-    return "cudnn-fp8"
+    names = ["flashinfer-fa3-fp8"] if flashinfer and capability == (9, 0) else []
+    if cudnn_frontend:
+        names.append("cudnn-fp8")
+    if not names:
+        raise ConfigError("attention='fp8' runs FlashInfer's or cuDNN's FP8 attention, and neither flashinfer-python "
+                          "(Hopper) nor nvidia-cudnn-frontend is installed: pip install "
+                          "'cosmos3-farm[fp8-attention]', or use attention='auto'")
+    return names
 
 
 def _device_facts(device: torch.device) -> tuple[str, tuple[int, int] | None]:
@@ -289,10 +338,20 @@ def _device_facts(device: torch.device) -> tuple[str, tuple[int, int] | None]:
     return "cuda", torch.cuda.get_device_capability(device)
 
 
-def _has_cudnn_frontend() -> bool:
+def _installed(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("cudnn") is not None
+    return importlib.util.find_spec(module) is not None
+
+
+def _make_kernel(name: str):
+    if name.startswith("flashinfer-fa3"):
+        return FlashInferKernel(fp8=name.endswith("fp8"))
+    if name == "cudnn-fp8":
+        return CudnnFp8Kernel()
+    if name == "fp8-reference":
+        return Fp8ReferenceKernel()
+    return SdpaKernel(_BF16_KERNELS[name])
 
 
 _BF16_KERNELS = {"sdpa": None, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
@@ -308,18 +367,24 @@ class AttentionKernels:
     1% of one GEN step.
     """
 
-    def __init__(self, choice: str = "auto"):
+    def __init__(self, choice: str = "auto", head_dim: int = 128):
         self.choice = check_attention(choice)
+        self.head_dim = head_dim
         self.precise = False
         self._kernels: dict[tuple, object] = {}
+        self._passed_over: dict[str, str] = {}  # kernel name -> why it cannot run here (a faster one, skipped)
 
     def use(self, choice: str) -> None:
         """Switch a loaded model's choice (benchmarks compare kernels on one set of weights)."""
         self.choice = check_attention(choice)
 
     def check_device(self, device: torch.device | str) -> None:
-        """Fail at load time, not in the first step, when ``device`` cannot run the chosen kernels."""
-        self._kernel(torch.device(device), fp8=self.choice == "fp8")
+        """Pick (and build) the kernels now, at load time: an unusable choice fails here, not in the first step,
+        and a kernel library's JIT compilation is part of the load, not of a job."""
+        device = torch.device(device)
+        self._kernel(device, fp8=False)
+        if self.choice == "fp8":
+            self._kernel(device, fp8=True)
 
     def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """GEN queries over ``[K_und ; K_gen]``, unmasked."""
@@ -348,6 +413,8 @@ class AttentionKernels:
         info = {"choice": self.choice, "bf16_kernel": self._kernel(device, fp8=False).name}
         if self.choice == "fp8":
             info["fp8_kernel"] = self._kernel(device, fp8=True).name
+        if self._passed_over:
+            info["passed_over"] = dict(self._passed_over)
         return info
 
     def _kernel(self, device: torch.device, *, fp8: bool):
@@ -356,11 +423,26 @@ class AttentionKernels:
         key = (device.type, device.index, fp8)
         if key not in self._kernels:
             device_type, capability = _device_facts(device)
+            flashinfer = self.head_dim in FA3_HEAD_DIMS and _installed("flashinfer")
             if fp8:
-                name = fp8_kernel_name(device_type, capability, _has_cudnn_frontend())
-                kernel = CudnnFp8Kernel() if name == "cudnn-fp8" else Fp8ReferenceKernel()
+                names = fp8_kernel_names(device_type, capability, _installed("cudnn"), flashinfer)
             else:
-                name = bf16_kernel_name(device_type, capability, torch.backends.cudnn.is_available())
-                kernel = SdpaKernel(_BF16_KERNELS[name])
-            self._kernels[key] = kernel
+                names = bf16_kernel_names(device_type, capability, torch.backends.cudnn.is_available(), flashinfer)
+            self._kernels[key] = self._first_that_runs(names, device)
         return self._kernels[key]
+
+    def _first_that_runs(self, names: list[str], device: torch.device):
+        """The first of ``names`` that builds here. A library kernel that cannot (FlashInfer without nvcc for
+        its JIT, say) is logged and recorded, and the next one is tried; when none is left, a ConfigError."""
+        for name in names:
+            try:
+                kernel = _make_kernel(name)
+                if hasattr(kernel, "prepare"):
+                    kernel.prepare(device, self.head_dim)
+                return kernel
+            except Exception as err:  # noqa: BLE001 - an import, JIT or library failure of any type
+                self._passed_over[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                log.warning("attention kernel unavailable here", kernel=name, reason=self._passed_over[name])
+        raise ConfigError(f"attention={self.choice!r}: no kernel runs on {device}: "
+                          + "; ".join(f"{name}: {self._passed_over[name]}" for name in names)
+                          + "; use attention='auto'")

@@ -1,4 +1,4 @@
-"""torch.ops.cosmos3: silu_and_mul_2in and quantize_fp8.
+"""torch.ops.cosmos3: silu_and_mul_2in, quantize_fp8 and dequantize_fp8.
 
 CPU tests (CI): registration (opcheck, torch.compile), argument checks, ranks, limit/alpha/beta, the CPU impl
 against an independent numpy formula bit for bit, the launch table. GPU tests (``-m gpu``, on an H200): the
@@ -34,6 +34,13 @@ INPUT_DTYPES = [
     pytest.param(torch.float32, id="fp32"),
 ]
 OUTPUTS = [pytest.param(False, id="same-dtype-out"), pytest.param(True, id="fp8-out")]
+DEQUANTIZE_DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+# Powers of two and not (where CUDA eager torch's bf16-rounded scale would differ), fp16 overflow (300) and
+# subnormal outputs (1e-6).
+DEQUANTIZE_SCALES = [1.0, 2.0 ** -7, 0.02, 0.0123456, 3.7, 300.0, 1e-6]
+# opcheck of an op with an FP8 input, less test_schema: its mutation check compares the inputs with allclose, which
+# torch has for FP8 on no device ("mul_cpu_reduced_float" / "mul_cuda" not implemented for 'Float8_e4m3fn').
+OPCHECK_FP8_INPUT = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 RANK_SHAPES = [
     pytest.param((37,), id="rank1"),
     pytest.param((5, 37), id="rank2"),
@@ -48,6 +55,14 @@ def _bf16(*shape, device="cpu"):
 
 def _scale(value=0.02, device="cpu"):
     return torch.tensor([value], device=device)
+
+
+def _fp8(*shape, device="cpu"):
+    return (torch.randn(*shape, device=device) * 50).to(FP8)
+
+
+def _every_fp8_code() -> torch.Tensor:
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8)
 
 
 # Each builds silu_and_mul_2in's arguments on a device; the message is the rule that must be named.
@@ -82,6 +97,26 @@ INVALID_QUANTIZE_CALLS = [
     pytest.param(lambda d: {"x": _bf16(4, device=d), "scale": torch.ones(2, 1, device=d)},
                  "scale must have exactly one element", id="scale-two-elements"),
 ]
+INVALID_DEQUANTIZE_CALLS = [
+    pytest.param(lambda d: {"weight": _bf16(4, 8, device=d), "scale": _scale(device=d), "dtype": torch.bfloat16},
+                 "weight must be float8_e4m3fn", id="bf16-weight"),
+    pytest.param(lambda d: {"weight": _fp8(8, 4, device=d).t(), "scale": _scale(device=d), "dtype": torch.bfloat16},
+                 "weight must be contiguous", id="transposed-weight"),
+    pytest.param(lambda d: {"weight": _fp8(4, 8, device=d), "scale": _scale(device=d).double(),
+                            "dtype": torch.bfloat16},
+                 "scale must be float32", id="scale-float64"),
+    pytest.param(lambda d: {"weight": _fp8(4, 8, device=d), "scale": torch.ones(4, device=d),
+                            "dtype": torch.bfloat16},
+                 "scale must have exactly one element", id="scale-four-elements"),
+    pytest.param(lambda d: {"weight": _fp8(4, 8, device=d), "scale": _scale(device=d), "dtype": torch.float32},
+                 "dtype must be bfloat16 or float16", id="fp32-out"),
+]
+# Every op's broken rules: (op, arguments built on a device, the rule its message must name).
+INVALID_CALLS = [pytest.param(op, *call.values, id=f"{op.__name__}-{call.id}")
+                 for op, calls in ((ops.silu_and_mul_2in, INVALID_SWIGLU_CALLS),
+                                   (ops.quantize_fp8, INVALID_QUANTIZE_CALLS),
+                                   (ops.dequantize_fp8, INVALID_DEQUANTIZE_CALLS))
+                 for call in calls]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -186,18 +221,16 @@ def test_opcheck_quantize_fp8():
     opcheck(torch.ops.cosmos3.quantize_fp8.default, (_bf16(7, 33), _scale()))
 
 
-@pytest.mark.parametrize("device", ["cpu", "meta"])
-@pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
-def test_silu_and_mul_2in_names_the_broken_rule(make, message, device):
-    with pytest.raises(ValueError, match=message):
-        ops.silu_and_mul_2in(**make(device))
+@pytest.mark.parametrize("dtype", DEQUANTIZE_DTYPES)
+def test_opcheck_dequantize_fp8(dtype):
+    opcheck(torch.ops.cosmos3.dequantize_fp8.default, (_fp8(7, 33), _scale(), dtype), test_utils=OPCHECK_FP8_INPUT)
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-@pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
-def test_quantize_fp8_names_the_broken_rule(make, message, device):
+@pytest.mark.parametrize(("op", "make", "message"), INVALID_CALLS)
+def test_every_op_names_the_broken_rule(op, make, message, device):
     with pytest.raises(ValueError, match=message):
-        ops.quantize_fp8(**make(device))
+        op(**make(device))
 
 
 @pytest.mark.parametrize("fp8_out", OUTPUTS)
@@ -325,6 +358,23 @@ def test_quantize_fp8_divides_by_the_scale_then_rounds(dtype):
     assert_same_bits(ops.quantize_fp8(x, scale), expected)
 
 
+@pytest.mark.parametrize("dtype", DEQUANTIZE_DTYPES)
+def test_dequantize_fp8_multiplies_in_fp32_then_rounds_once(dtype):
+    """Every FP8 code: the op is (w.float() * scale).to(dtype), whose fp32 product is the exact one (taken in
+    fp64, where it is exact) rounded to nearest even; the scale is not rounded to bf16 first, as CUDA eager
+    torch's w.to(bf16) * scale does."""
+    w = _every_fp8_code()
+    for value in DEQUANTIZE_SCALES:
+        scale = _scale(value)
+        out = ops.dequantize_fp8(w, scale, dtype)
+        assert_same_bits(out, (w.float() * scale).to(dtype))
+        exact = torch.from_numpy((w.double().numpy() * np.float64(np.float32(value))).astype(np.float32))
+        assert_same_bits(out, exact.to(dtype))
+        assert_same_bits(ops.dequantize_fp8(w.reshape(16, 16), scale.reshape(()), dtype), out.reshape(16, 16))
+    bf16_scale = (w.to(torch.bfloat16) * _scale(0.0123456).bfloat16()).to(dtype)
+    assert not torch.equal(_bits(ops.dequantize_fp8(w, _scale(0.0123456), dtype)), _bits(bf16_scale))
+
+
 def test_compile_fullgraph_on_cpu_matches_eager():
     def fn(gate, up, scale):
         return ops.silu_and_mul_2in(gate, up, scale=scale, limit=7.0), ops.quantize_fp8(ops.silu_and_mul_2in(gate, up),
@@ -405,11 +455,13 @@ def test_gpu_every_launch_config_gives_the_same_bits(dtype):
     scale = _scale(0.02, "cuda")
     swiglu = _cpu_reference(gate, up, scale)
     quantized = ops.quantize_fp8(gate.cpu(), scale.cpu())
+    dequantized = ops.dequantize_fp8(quantized, scale.cpu(), torch.bfloat16)
     try:
         for params in LAUNCH_CONFIGS:
             ops_loader.set_launch_params(ext, sm, dict.fromkeys(launch_table.OPS, params))
             assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale).cpu(), swiglu)
             assert_same_bits(ops.quantize_fp8(gate, scale).cpu(), quantized)
+            assert_same_bits(ops.dequantize_fp8(quantized.cuda(), scale, torch.bfloat16).cpu(), dequantized)
     finally:
         ops_loader.set_launch_params(ext, sm, launch_table.launch_params(sm))
 
@@ -448,12 +500,38 @@ def test_gpu_fp8_outputs_match_cpu_for_extreme_scales(scale):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DEQUANTIZE_DTYPES)
+@pytest.mark.parametrize("shape", [(12288, 4096), (4096, 12288), (1024, 4096), (13, 257), (7,)],
+                         ids=["gate-up", "down", "k-v", "13x257", "7"])
+def test_gpu_dequantize_fp8_matches_cpu(shape, dtype):
+    """Nano's weight shapes, a 13-element tail after the last 16-byte vector, and a tensor that is all tail;
+    random bytes, so every code (NaNs included) appears."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=gen).view(FP8)
+    scale = _scale(0.0123456, "cuda")
+    assert_same_bits(ops.dequantize_fp8(weight, scale, dtype).cpu(),
+                     ops.dequantize_fp8(weight.cpu(), scale.cpu(), dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DEQUANTIZE_DTYPES)
+def test_gpu_dequantize_fp8_every_code_and_extreme_scale_matches_cpu(dtype):
+    w = _every_fp8_code()
+    for value in [*DEQUANTIZE_SCALES, 0.0, float("inf"), 1e-40, 3e38]:  # 1e-40: fp32 subnormal products
+        scale = _scale(value)
+        assert_same_bits(ops.dequantize_fp8(w.cuda(), scale.cuda(), dtype).cpu(), ops.dequantize_fp8(w, scale, dtype))
+
+
+@pytest.mark.gpu
 def test_gpu_input_off_a_16_byte_boundary_takes_the_scalar_path():
     gate_buf, up_buf = _random_gate_up((1 + 13 * 257,), torch.bfloat16)
     gate, up = gate_buf[1:].view(13, 257), up_buf[1:].view(13, 257)
     for scale in (None, _scale(0.02, "cuda")):
         assert_same_bits(ops.silu_and_mul_2in(gate, up, scale=scale).cpu(), _cpu_reference(gate, up, scale))
     assert_same_bits(ops.quantize_fp8(gate, _scale(0.02, "cuda")).cpu(), ops.quantize_fp8(gate.cpu(), _scale(0.02)))
+    weight = ops.quantize_fp8(gate_buf, _scale(0.02, "cuda"))[1:].view(13, 257)
+    assert_same_bits(ops.dequantize_fp8(weight, _scale(0.02, "cuda"), torch.bfloat16).cpu(),
+                     ops.dequantize_fp8(weight.cpu(), _scale(0.02), torch.bfloat16))
 
 
 @pytest.mark.gpu
@@ -502,17 +580,17 @@ def test_gpu_opcheck_quantize_fp8():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("make", "message"), INVALID_SWIGLU_CALLS)
-def test_gpu_silu_and_mul_2in_names_the_broken_rule(make, message):
-    with pytest.raises(ValueError, match=message):
-        ops.silu_and_mul_2in(**make("cuda"))
+@pytest.mark.parametrize("dtype", DEQUANTIZE_DTYPES)
+def test_gpu_opcheck_dequantize_fp8(dtype):
+    opcheck(torch.ops.cosmos3.dequantize_fp8.default, (_fp8(7, 1000, device="cuda"), _scale(0.02, "cuda"), dtype),
+            test_utils=OPCHECK_FP8_INPUT)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("make", "message"), INVALID_QUANTIZE_CALLS)
-def test_gpu_quantize_fp8_names_the_broken_rule(make, message):
+@pytest.mark.parametrize(("op", "make", "message"), INVALID_CALLS)
+def test_gpu_every_op_names_the_broken_rule(op, make, message):
     with pytest.raises(ValueError, match=message):
-        ops.quantize_fp8(**make("cuda"))
+        op(**make("cuda"))
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import cosmos3.quant.fp8_static as fp8_static
+import cosmos3.quant.w8a16 as w8a16
 from cosmos3 import load_transformer
 from cosmos3.config import QuantConfig
 from cosmos3.errors import ConfigError
@@ -132,15 +133,19 @@ def test_w8a16_linear_is_the_dequantized_weight_in_a_16bit_gemm(ckpts):
 
 
 @pytest.mark.gpu
-def test_w8a16_on_cuda_fused_dequantization_is_bit_identical(ckpts):
+def test_w8a16_on_cuda_dequantizes_with_our_op_bit_identically(ckpts, monkeypatch):
     _, fp8 = ckpts
     model = load_transformer(fp8, device="cuda", dtype=torch.bfloat16)
+    calls = []
+    real = w8a16.ops.dequantize_fp8
+    monkeypatch.setattr(w8a16.ops, "dequantize_fp8", lambda w, s, dtype: calls.append(1) or real(w, s, dtype))
     for linear in (model.layers[0].mlp_moe_gen.up_proj, model.layers[1].mlp_moe_gen.down_proj):
         linear.quant_method = W8A16
         x = torch.randn(7, linear.in_features, device="cuda").bfloat16()
         # CUDA's eager `W.to(bf16) * scale` rounds the scale to bf16 first; we round once (as on the CPU).
         expected = F.linear(x, (linear.weight.float() * linear.weight_scale).to(torch.bfloat16))
         assert torch.equal(linear(x), expected)
+    assert len(calls) == 2
 
 
 def capture_inputs(model, monkeypatch):
