@@ -28,7 +28,10 @@ from farm.errors import StorageFault
 # so a partially downloaded file starts playing. Preset veryfast: x264's medium took 5.8 s for a Nano clip
 # (189 frames of 720p) on the H200's host while the GPU waited; veryfast encodes 3-5x faster at CRF 18
 # with files no larger (benchmarks/results/h200-2026-12-01-render.md).
-_MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-preset", "veryfast", "-movflags", "+faststart"]
+# benchmarks/bench_encode.py: on noise-like frames (random weights) superfast is only 1.14x faster, ultrafast 2.95x
+# but 2.5x larger on structured frames; on structured frames every preset is 3-5x faster than on noise.
+MP4_PRESET = "veryfast"
+_MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-movflags", "+faststart"]
 # The sampling frequencies an AAC stream can signal (ISO 14496-3 table 1.18); others would need resampling.
 AAC_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 _AAC_PARAMS = ["-b:a", "192k"]
@@ -86,8 +89,10 @@ def write_png(frames: np.ndarray, path: Path) -> None:
         raise EncodeError(f"{path.name} reads back as {list(back.shape)}, not the rendered {list(frames[0].shape)}")
 
 
-def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | None = None) -> None:
-    """Writes an H.264 MP4 (plus an AAC track of ``sound``) through imageio-ffmpeg's bundled ffmpeg."""
+def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | None = None, *,
+              preset: str = MP4_PRESET) -> None:
+    """Writes an H.264 MP4 (plus an AAC track of ``sound``) through imageio-ffmpeg's bundled ffmpeg; ``preset``
+    is x264's (benchmarks compare them)."""
     _check(frames)  # [T, H, W, 3]
     if sound is not None and sound.sampling_rate not in AAC_RATES:
         raise ValueError(
@@ -105,7 +110,7 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | No
         if sound is not None:  # float WAV, so the AAC encoder sees the decoded samples, not a 16-bit copy
             audio = Path(scratch) / "sound.wav"
             _encode_wav(sound, audio, codec="pcm_f32le")
-        _encode_h264(frames, fps, local, audio)
+        _encode_h264(frames, fps, local, audio, preset)
         _check_space(path.parent, local.stat().st_size, f"publishing {path.name}")
         shutil.copyfile(local, path)
     _read_back_mp4(path, frames)
@@ -192,7 +197,7 @@ def sweep_orphaned_scratch() -> list[Path]:
     return removed
 
 
-def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None = None) -> None:
+def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None, preset: str) -> None:
     _, height, width, _ = frames.shape  # [T, H, W, 3]
     # Sizes are multiples of 16 (manifest rule), so ffmpeg needs no rescale to its macro-block size. The fps
     # goes as a fraction, so 24000/1001 is not rounded. The WAV's rate is the AAC track's: ffmpeg keeps an
@@ -203,7 +208,7 @@ def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None 
         arguments += ["-an"]
     else:
         arguments += ["-i", str(audio), "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", *_AAC_PARAMS]
-    _ffmpeg([*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", *_MP4_PARAMS], frames, path)
+    _ffmpeg([*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-preset", preset, *_MP4_PARAMS], frames, path)
 
 
 def write_media(frames: np.ndarray, fps: float, path: Path, *, image: bool, sound: Soundtrack | None = None) -> None:

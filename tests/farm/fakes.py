@@ -83,8 +83,8 @@ def truncating_once(model, gpu: bool, *, markers: str, seconds_per_step: float =
 
     real = encode._encode_h264
 
-    def encode_h264(frames, fps, path, audio=None):
-        real(frames, fps, path, audio)
+    def encode_h264(frames, fps, path, audio, preset):
+        real(frames, fps, path, audio, preset)
         # fake.paint gives each seed its own colour: one marker per job of a sweep
         if _first_time(markers, f"truncate-{frames[0, 0, 0].tolist()}"):
             os.truncate(path, path.stat().st_size // 2)

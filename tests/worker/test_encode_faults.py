@@ -63,8 +63,8 @@ def test_ffmpeg_exiting_non_zero_fails_the_encode(tmp_path, root, monkeypatch):
 def test_a_truncated_mp4_that_ffmpeg_called_a_success_is_not_published(tmp_path, root, monkeypatch):
     real = encode._encode_h264
 
-    def truncated(frames, fps, path, audio=None):
-        real(frames, fps, path, audio)
+    def truncated(frames, fps, path, audio, preset):
+        real(frames, fps, path, audio, preset)
         os.truncate(path, path.stat().st_size // 2)  # what "Error writing trailer" leaves
 
     monkeypatch.setattr(encode, "_encode_h264", truncated)
@@ -75,7 +75,8 @@ def test_a_truncated_mp4_that_ffmpeg_called_a_success_is_not_published(tmp_path,
 
 def test_an_mp4_short_of_frames_is_not_published(tmp_path, root, monkeypatch):
     real = encode._encode_h264
-    monkeypatch.setattr(encode, "_encode_h264", lambda frames, fps, path, audio=None: real(frames[:-1], fps, path))
+    monkeypatch.setattr(encode, "_encode_h264",
+                        lambda frames, fps, path, audio, preset: real(frames[:-1], fps, path, audio, preset))
     with pytest.raises(encode.EncodeError, match="reads back as 8 frames of 48x32; 9 frames of 48x32 were rendered"):
         _publish_mp4(tmp_path)
     assert _left(root) == []
