@@ -28,8 +28,8 @@ from farm.errors import StorageFault
 # so a partially downloaded file starts playing. Preset veryfast: x264's medium took 5.8 s for a Nano clip
 # (189 frames of 720p) on the H200's host while the GPU waited; veryfast encodes 3-5x faster at CRF 18
 # with files no larger (benchmarks/results/h200-2026-12-01-render.md).
-# benchmarks/bench_encode.py: on noise-like frames (random weights) superfast is only 1.14x faster, ultrafast 2.95x
-# but 2.5x larger on structured frames; on structured frames every preset is 3-5x faster than on noise.
+# benchmarks/bench_encode.py: superfast is 1.3x faster, ultrafast 3.3x but 1.2x (noise) to 2.7x (structured frames)
+# larger; structured frames encode 4x faster than the noise of a random-weights render.
 MP4_PRESET = "veryfast"
 _MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-movflags", "+faststart"]
 # The sampling frequencies an AAC stream can signal (ISO 14496-3 table 1.18); others would need resampling.
