@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_transformer import timed  # noqa: E402
 from cosmos3 import ops  # noqa: E402
-from cosmos3.quant.w8a16 import dequantize  # noqa: E402
+from cosmos3.ops_cpu import dequantize_fp8 as dequantize  # noqa: E402  (the eager reference expression)
 
 # GEN tower projections of one Nano layer: Q, K (= V), O, gate (= up), down.
 SHAPES = {"q / o": (4096, 4096), "k / v": (1024, 4096), "gate / up": (12288, 4096), "down": (4096, 12288)}

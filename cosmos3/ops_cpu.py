@@ -143,6 +143,9 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """weight: [...] FP8 e4m3 -> [...] in dtype, weight * scale in fp32 rounded to nearest even into dtype; the
-    CPU impl of cosmos3::dequantize_fp8. The scale stays fp32 (CUDA eager torch's weight.to(bf16) * scale rounds
-    it to bf16 first)."""
+    CPU impl of cosmos3::dequantize_fp8, and W8A16's dequantization off CUDA (any dtype, fp32 included).
+
+    On the CPU this is bit for bit ``weight.to(bf16) * scale`` (its kernels multiply a bf16 tensor by an fp32
+    scalar tensor in fp32); CUDA eager torch's form rounds the scale to bf16 first, so the one-rounding form
+    (vLLM-Omni's) is stated explicitly: the same bits on every device, and those the CUDA op computes."""
     return (weight.float() * scale.reshape(())).to(dtype)

@@ -3,28 +3,17 @@
 Used on the denoising steps a checkpoint's ``diffusion_step_policy`` names, and for the UND
 tower when the policy says ``reasoner: a16``. ``input_scale`` is unused and no dequantized
 copy persists: the product is a per-call temporary. On CUDA the dequantization is one pass of
-our own kernel (``cosmos3.ops.dequantize_fp8``, bit-identical to ``dequantize``, nothing to
-compile at a worker's start; benchmarks/bench_w8a16.py measures it against the eager form).
+our own kernel (``cosmos3.ops.dequantize_fp8``, nothing to compile at a worker's start); elsewhere
+its reference expression ``cosmos3.ops_cpu.dequantize_fp8``, the same bits (benchmarks/bench_w8a16.py
+measures the kernel against that expression run eagerly on CUDA).
 """
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 
-from cosmos3 import ops
+from cosmos3 import ops, ops_cpu
 from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod
-
-
-def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``[out, in]`` e4m3 -> ``[out, in]`` 16-bit: ``W_fp8 * weight_scale`` in fp32, rounded once.
-
-    On the CPU this is bit for bit ``W_fp8.to(bf16) * weight_scale`` (its kernels multiply a bf16
-    tensor by an fp32 scalar tensor in fp32). CUDA's eager kernel rounds the scale to bf16 first,
-    so we state the one-rounding form (vLLM-Omni's) explicitly: the same bits on every device, and
-    those ``cosmos3.ops.dequantize_fp8`` computes in one CUDA pass.
-    """
-    return (weight.float() * scale).to(dtype)
 
 
 class W8A16LinearMethod(StaticFP8LinearMethod):
@@ -42,6 +31,7 @@ class W8A16LinearMethod(StaticFP8LinearMethod):
                 "W8A16 linear was handed an already-quantized FP8 activation; on a 16-bit step every "
                 "sharing site must stand down (a bug in the caller)"
             )
-        # The op makes bf16 or fp16 only; CPU pipelines run fp32.
-        weight = (ops.dequantize_fp8 if x.is_cuda else dequantize)(layer.weight, layer.weight_scale, x.dtype)
+        # The CUDA op makes bf16 or fp16 only; CPU pipelines run fp32, through the op's reference expression.
+        dequantize = ops.dequantize_fp8 if x.is_cuda else ops_cpu.dequantize_fp8
+        weight = dequantize(layer.weight, layer.weight_scale, x.dtype)  # [out, in], a per-call temporary
         return F.linear(x, weight, layer.bias if layer.has_bias else None)
