@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+
 GIB = 1 << 30
 PROMPT = "a slow drone flight between harbour skyscrapers at dusk, city lights switching on, calm water"
 # The manifest: T2V 1280x720 189 frames 35 steps guidance 6; T2I 1024x1024 50 steps guidance 7
@@ -396,7 +398,7 @@ def main() -> None:
     farm.add_argument("--root", type=Path, required=True)
     farm.add_argument("--variant", default="fp8")
     farm.add_argument("--jobs", default="t2i,t2v,i2v")
-    farm.add_argument("--attention", default="auto", choices=["auto", "bf16", "fp8"])
+    farm.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
     farm.add_argument("--drop-caches", action="store_true")
     farm.add_argument("--out", type=Path, required=True)
     diff = sub.add_parser("diffusers")

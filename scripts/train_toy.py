@@ -192,6 +192,13 @@ def draw_vae_batches(settings: Settings, batches) -> None:
         batches.put(draw_batch(rng, VAE_CLIP_BATCH if moving else VAE_STILL_BATCH, moving=moving)[1].numpy())
 
 
+def _new_vae():
+    """An AutoencoderKLWan of VAE_CONFIG, freshly initialised (latent statistics set after encoding)."""
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(**VAE_CONFIG, latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
+
+
 def train_vae(settings: Settings, batches):
     """A small AutoencoderKLWan trained on drawn scenes (``batches.get()`` returns the next step's, as
     ``draw_vae_batches`` puts them): stills first (space), then stills and clips (time).
@@ -199,10 +206,8 @@ def train_vae(settings: Settings, batches):
     The decoder reads the posterior mode, as the pipeline encodes. No KL term: sampling would bury a
     fresh encoder's small latents under unit noise, and the pipeline normalises latents per channel.
     """
-    from diffusers import AutoencoderKLWan
-
     torch.manual_seed(settings.seed)
-    vae = AutoencoderKLWan(**VAE_CONFIG, latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
+    vae = _new_vae()
     _start_time_as_identity(vae)
     optimizer = torch.optim.AdamW(vae.parameters(), lr=VAE_LR, betas=(0.9, 0.99), weight_decay=0.0)
     start = time.perf_counter()
@@ -248,9 +253,7 @@ def _scene_batches(rng: np.random.Generator, settings: Settings):
 
 
 def _vae_from_state(state: dict):
-    from diffusers import AutoencoderKLWan
-
-    vae = AutoencoderKLWan(**VAE_CONFIG, latents_mean=[0.0] * Z_DIM, latents_std=[1.0] * Z_DIM)
+    vae = _new_vae()
     vae.load_state_dict(state)
     return vae.eval()
 
