@@ -14,17 +14,16 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from cosmos3.checkpoint_header import TensorHeader, normalize_key, read_tensors
 from cosmos3.errors import CheckpointError
 from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import MODELOPT_BUFFERS
+from cosmos3.tensor_reader import PlannedRead, Stored, read_tensor
 
 __all__ = ["SKIPPED", "CheckpointFiles", "TensorDict", "load_checkpoint", "normalize_key"]
 
@@ -40,14 +39,16 @@ _TAGS = {dtype: tag for tag, dtype in _DTYPES.items()}
 
 
 class CheckpointFiles:
-    """The tensors of one ``transformer/`` directory, by flat key, read lazily from their shard."""
+    """The tensors of one ``transformer/`` directory, by flat key, read from their shard on ``get``
+    (cosmos3/tensor_reader.py); after ``plan(keys)``, read ahead in that order by threads."""
 
     def __init__(self, directory: str | Path, device: str | torch.device = "cpu",
                  headers: dict[str, TensorHeader] | None = None):
         self.directory = Path(directory)
-        self.device = str(device)
+        self.device = torch.device(device)
         self.headers = read_tensors(self.directory) if headers is None else headers
-        self._handles: dict[Path, object] = {}
+        self._planned: PlannedRead | None = None
+        self._planned_keys: set[str] = set()
         self.bytes_read = 0  # by get(): what loading moved from disk to the device
 
     def keys(self) -> set[str]:
@@ -56,31 +57,36 @@ class CheckpointFiles:
     def __contains__(self, key: str) -> bool:
         return key in self.headers
 
+    def plan(self, keys: list[str]) -> None:
+        """The keys ``get`` will ask for next, in order: they are read ahead, in parallel."""
+        self.close()
+        self._planned = PlannedRead([self._stored(key) for key in keys], self.device)
+        self._planned_keys = set(keys)
+
     def get(self, key: str) -> torch.Tensor:
-        """Each shard's header is parsed by safetensors once, on first use."""
-        header = self.headers[key]
-        if header.file not in self._handles:
-            _read_ahead(header.file)
-            self._handles[header.file] = safe_open(header.file, framework="pt", device=self.device)
-        tensor = self._handles[header.file].get_tensor(header.key)
+        if key in self._planned_keys:
+            self._planned_keys.discard(key)
+            tensor = self._planned.take(key)
+        else:
+            tensor = read_tensor(self._stored(key), self.device)
         self.bytes_read += tensor.numel() * tensor.element_size()
         return tensor
+
+    def close(self) -> None:
+        """Stops a plan's reading (its threads, its pinned buffers); loading closes it when it ends."""
+        if self._planned is not None:
+            self._planned.close()
+        self._planned, self._planned_keys = None, set()
+
+    def _stored(self, key: str) -> Stored:
+        header = self.headers[key]
+        return Stored(key, header.file, header.offset, _DTYPES[header.dtype], header.shape)
 
     def dtype_of(self, key: str) -> torch.dtype:
         return _DTYPES[self.headers[key].dtype]
 
     def shape_of(self, key: str) -> tuple[int, ...]:
         return self.headers[key].shape
-
-
-def _read_ahead(path: Path) -> None:
-    """Ask the kernel to read the whole shard now: safetensors maps it and faults pages in as tensors are copied,
-    which reads a cold disk in small readahead windows; one hint streams the file at the disk's speed instead."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    finally:
-        os.close(fd)
 
 
 class TensorDict:
@@ -98,8 +104,14 @@ class TensorDict:
     def __contains__(self, key: str) -> bool:
         return key in self._tensors
 
+    def plan(self, keys: list[str]) -> None:
+        """Nothing to read ahead: the tensors are in memory."""
+
     def get(self, key: str) -> torch.Tensor:
         return self._tensors[key]
+
+    def close(self) -> None:
+        pass
 
     def dtype_of(self, key: str) -> torch.dtype:
         return self._tensors[key].dtype
@@ -150,17 +162,28 @@ def load_checkpoint(model: torch.nn.Module, files: CheckpointFiles | TensorDict)
             f"{files.directory}: {len(problems)} checkpoint problem(s):\n  " + "\n  ".join(problems)
         )
 
-    for name, tensor in plain.items():  # state_dict() tensors share the parameters' storage
-        tensor.copy_(files.get(name).to(tensor.dtype))
-    for name, linear in linears.items():
-        shards = {}
-        for shard, prefix in _linear_sources(name, linear):
-            wanted = linear.quant_method.checkpoint_tensors(linear)
-            if _is_static(linear):
-                wanted += tuple(MODELOPT_BUFFERS)
-            shards[shard] = {s: files.get(f"{prefix}.{s}") for s in wanted if f"{prefix}.{s}" in files}
-        linear.quant_method.load_weights(linear, shards, name)
-        linear.quant_method.process_weights_after_loading(linear)
+    # What is read, in the order it is read: the files read ahead in this order.
+    sources = {name: dict(_linear_keys(linear, name, files)) for name, linear in linears.items()}
+    files.plan([*plain, *(key for shards in sources.values() for keys in shards.values() for key in keys.values())])
+    try:
+        for name, tensor in plain.items():  # state_dict() tensors share the parameters' storage
+            tensor.copy_(files.get(name).to(tensor.dtype))
+        for name, linear in linears.items():
+            shards = {shard: {suffix: files.get(key) for suffix, key in keys.items()}
+                      for shard, keys in sources[name].items()}
+            linear.quant_method.load_weights(linear, shards, name)
+            linear.quant_method.process_weights_after_loading(linear)
+    finally:
+        files.close()
+
+
+def _linear_keys(linear: Linear, name: str, files) -> Iterator[tuple[str, dict[str, str]]]:
+    """(shard, {tensor suffix: checkpoint key}) of each projection ``linear`` loads, ModelOpt's buffers included."""
+    wanted = linear.quant_method.checkpoint_tensors(linear)
+    if _is_static(linear):
+        wanted += tuple(MODELOPT_BUFFERS)
+    for shard, prefix in _linear_sources(name, linear):
+        yield shard, {suffix: f"{prefix}.{suffix}" for suffix in wanted if f"{prefix}.{suffix}" in files}
 
 
 def _shape_problems(linear: Linear, shard: str, prefix: str, files: CheckpointFiles | TensorDict) -> list[str]:

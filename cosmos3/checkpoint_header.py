@@ -44,6 +44,7 @@ class TensorHeader:
     file: Path | None  # the shard; None for tensors held in memory
     dtype: str  # safetensors tag: "BF16", "F8_E4M3", ...
     shape: tuple[int, ...]
+    offset: int | None = None  # of its first data byte in the file; None in memory
 
 
 @dataclass(frozen=True)
@@ -106,11 +107,11 @@ def read_tensors(directory: Path) -> dict[str, TensorHeader]:
         if raw_key not in headers[shard]:
             raise CheckpointError(f"{directory / shard}: the index maps {raw_key!r} to this shard, whose header "
                                   "has no such tensor (the index and the shards come from different exports)")
-        dtype, shape = headers[shard][raw_key]
+        dtype, shape, offset = headers[shard][raw_key]
         key = normalize_key(raw_key)
         if key in tensors:
             raise CheckpointError(f"{directory}: {raw_key!r} and {tensors[key].key!r} both map to {key!r}")
-        tensors[key] = TensorHeader(raw_key, directory / shard, dtype, shape)
+        tensors[key] = TensorHeader(raw_key, directory / shard, dtype, shape, offset)
     return tensors
 
 
@@ -140,8 +141,9 @@ def _weight_map(directory: Path) -> dict[str, str]:
     return {key: files[0].name for key in read_header(files[0])}
 
 
-def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Key -> (dtype tag, shape) from a safetensors header, after checking it describes the whole file.
+def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
+    """Key -> (dtype tag, shape, offset of its data in the file) from a safetensors header, after checking it
+    describes the whole file.
 
     Layout: 8-byte little-endian header length N, N bytes of JSON, then the tensor data; every
     tensor's ``data_offsets`` lie in the data, and the last one ends where the file ends.
@@ -172,7 +174,7 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             raise CheckpointError(f"{path}: {key}: data_offsets {offsets} do not hold a {dtype} tensor of shape "
                                   f"{list(shape)} (corrupt header)")
         end = max(end, offsets[1])
-        out[key] = (dtype, shape)
+        out[key] = (dtype, shape, 8 + length + offsets[0])
     if end != data:
         state = "truncated" if end > data else "has trailing bytes"
         raise CheckpointError(f"{path}: the header's tensors need {end} data bytes but the file holds {data} ({state}; "

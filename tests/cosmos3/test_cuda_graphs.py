@@ -45,3 +45,40 @@ def test_graph_replay_equals_eager(ckpts, which):
     # One graph per (UND length, step-precision mode): COND and OTHER share one.
     modes = 2 if which == "fp8" else 1
     assert len(model.cuda_graphs._graphs) == 2 * modes
+
+
+def run_cfg_passes(model, latents, steps=8):
+    """CFG's pass of two branches: (COND, UNCOND), then (OTHER, UNCOND), which has the same UND lengths and
+    replays the same graph with OTHER's K/V."""
+    caches = {id(ids): model.encode_text(ids.cuda()) for ids in (COND, UNCOND, OTHER)}
+    outs = []
+    for i, t in enumerate(torch.linspace(999, 1, steps).tolist()):
+        model.set_denoising_step(i, steps)
+        for first in (COND, OTHER):
+            branches = [(first, caches[id(first)]), (UNCOND, caches[id(UNCOND)])]
+            outs += [out.vision for out in model.forward_branches(branches, latents, t, fps=24.0,
+                                                                  condition_frames=(0,))]
+    return outs
+
+
+@pytest.mark.parametrize("which", ["bf16", "fp8"])
+def test_graphed_pass_of_two_branches_equals_eager_and_the_single_passes(ckpts, which):
+    path = ckpts[0] if which == "bf16" else ckpts[1]
+    latents = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(0)).cuda().bfloat16()
+    eager_model = load_transformer(path, device="cuda", dtype=torch.bfloat16)
+    eager = run_cfg_passes(eager_model, latents)
+    model = load_transformer(path, device="cuda", dtype=torch.bfloat16)
+    enable_cuda_graphs(model)
+    graphed = run_cfg_passes(model, latents)
+    for i, (a, b) in enumerate(zip(eager, graphed, strict=True)):
+        assert torch.equal(a, b), i
+    modes = 2 if which == "fp8" else 1
+    assert len(model.cuda_graphs._graphs) == modes  # one graph per mode serves both pairs
+    # Each branch of the pass is that branch's own single pass, up to the GEMMs' row-count-dependent rounding.
+    single = run_steps(eager_model, latents)  # per step: COND, UNCOND, OTHER
+    for step in range(8):
+        cond, uncond, other = single[3 * step: 3 * step + 3]
+        pairs = eager[4 * step: 4 * step + 4]  # (COND, UNCOND), (OTHER, UNCOND)
+        for ours, alone in zip(pairs, (cond, uncond, other, uncond), strict=True):
+            err = (ours.float() - alone.float()).abs().max().item()
+            assert err <= 2e-2 * alone.float().abs().max().item(), (step, err)
