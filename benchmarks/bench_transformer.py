@@ -21,9 +21,6 @@ diffusers (the GPU machine has none); ``--variants`` / ``--modes`` keep a 36-lay
 ``bench_render.py write`` makes) instead of building and exporting random layers: a 36-layer run then
 skips the ModelOpt calibration and export of a 16B model (``--layers`` is the checkpoint's).
 
-``--cfg``: a third table per token count: CFG's two branches (texts of 512 and 256 tokens) as two GEN passes,
-as the pipeline ran them before, and as the one pass of both it runs now (``forward_branches``).
-
 ``--sound`` (video shapes): the layers also carry Nano's sound head, and every variant of ours is
 measured again with the clip's sound tokens in the GEN stream (720p / 189 frames at 24 fps = 7.875 s
 = 197 sound latent frames at 48 kHz / 1920), so a second table gives the per-step cost of sound.
@@ -33,8 +30,6 @@ measured again with the clip's sound tokens in the GEN stream (720p / 189 frames
     python benchmarks/bench_transformer.py --layers 36 --no-diffusers --modes graphs \\
         --variants bf16 "fp8 split" "fp8 attn" "w8a16 step"
     python benchmarks/bench_transformer.py --checkpoint /tmp/nano --modes graphs --variants bf16 "fp8 split" "fp8 attn"
-    python benchmarks/bench_transformer.py --layers 36 --no-diffusers --modes graphs --variants "fp8 split" \
-        --tokens 1024 --cfg
 """
 
 from __future__ import annotations
@@ -208,7 +203,6 @@ def main() -> None:
     parser.add_argument("--no-diffusers", action="store_true")
     parser.add_argument("--checkpoint", type=Path, help="a folder with bf16/ and fp8/ checkpoints to measure")
     parser.add_argument("--sound", action="store_true", help="also measure each variant with the clip's sound tokens")
-    parser.add_argument("--cfg", action="store_true", help="also measure CFG's branches as two passes and as one")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--modes", nargs="+", default=["eager", "graphs"], choices=["eager", "graphs"])
     args = parser.parse_args()
@@ -234,8 +228,6 @@ def main() -> None:
         print_table(n, rows)
         if any(SOUND in name for name in rows):
             print_sound_table(n, rows)
-        if args.cfg:
-            run_cfg(n, ids, {"bf16": bf16, "fp8 split": fp8, "fp8 attn": fp8}, fp8, args)
 
 
 def graphed(fn):
@@ -302,36 +294,6 @@ def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
         model.cuda_graphs = None
     fp8.set_denoising_step(17, 35)
     return rows
-
-
-@torch.no_grad()
-def run_cfg(n: int, ids: torch.Tensor, models: dict, fp8, args) -> None:
-    """CFG's cond and uncond texts (different lengths) as two GEN passes, then as one pass of both branches."""
-    latents = torch.randn(LATENT_SHAPES[n], device="cuda", dtype=torch.bfloat16)
-    fps = 24.0 if latents.shape[1] > 1 else None
-    texts = (ids, ids[: ids.numel() // 2])
-    print(f"\n### CFG at {n:,} GEN tokens: cond ({texts[0].numel()} text tokens) and uncond ({texts[1].numel()}), "
-          "two passes vs one pass of both")
-    print("| variant | attention | two passes ms | one pass of both ms | speedup |")
-    print("|---|---|---|---|---|")
-    for mode in args.modes:
-        for name, model in models.items():
-            if name not in args.variants:
-                continue
-            fp8.set_denoising_step(17, 35)
-            model.attention.use("fp8" if name == "fp8 attn" else "auto")
-            model.cuda_graphs = None
-            if mode == "graphs":
-                enable_cuda_graphs(model)
-            branches = [(text, model.encode_text(text)) for text in texts]
-            two = timed(lambda m=model, b=branches: [m.forward_branches([x], latents, 500.0, fps=fps) for x in b],
-                        args.iters, args.warmup)
-            one = timed(lambda m=model, b=branches: m.forward_branches(b, latents, 500.0, fps=fps),
-                        args.iters, args.warmup)
-            print(f"| {name} ({mode}) | {model.attention.gen_kernel('cuda', n)} | {two:.2f} | {one:.2f} "
-                  f"| {two / one:.2f}x |")
-            model.attention.use("auto")
-            model.cuda_graphs = None
 
 
 @torch.no_grad()

@@ -1,10 +1,10 @@
 """CUDA graphs of the GEN tower: capture a step once, replay it every step.
 
 A Nano GEN step at 1,024 tokens is a few thousand small kernels; launching them from Python costs
-more than the maths. A graph is captured per (layout, UND lengths of its branches, step-precision mode):
-the inputs that change between calls — latents, timestep, each branch's UND K/V — are copied into the
-graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so the steps
-of a render, and later renders of the same shape and prompt lengths, reuse the graphs.
+more than the maths. A graph is captured per (layout, UND length, step-precision mode): the inputs
+that change between calls — latents, timestep, the UND K/V of the branch — are copied into the
+graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so the
+cond and uncond branches of a render, and later renders of the same shape, reuse the graphs.
 All graphs share one memory pool; they never run concurrently and outputs are cloned out.
 """
 
@@ -39,9 +39,9 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     latents: torch.Tensor  # static inputs ...
     step_t: torch.Tensor
-    caches: list[UndCache]  # one per branch
+    cache: UndCache
     sound: torch.Tensor | None
-    out: list[GenOutput]  # ... and outputs (one per branch), owned by the graph's pool
+    out: GenOutput  # ... and outputs, owned by the graph's pool
 
 
 class GenGraphs:
@@ -58,30 +58,29 @@ class GenGraphs:
         linears = tuple(type(lin.quant_method).__name__ for lin in gen)
         return linears + (self.model.attention.fp8_active,)
 
-    def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, caches: list[UndCache],
-            sound: torch.Tensor | None) -> list[GenOutput]:
-        if layout.cos.shape[0] > GRAPH_MAX_TOKENS:  # all branches' tokens: one pass runs them together
-            return self.model.gen(layout, latents, step_t, caches, sound)
+    def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
+            sound: torch.Tensor | None) -> GenOutput:
+        if layout.cos.shape[0] > GRAPH_MAX_TOKENS:
+            return self.model.gen(layout, latents, step_t, cache, sound)
         key = (layout.key, self._mode())
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._capture(key, layout, latents, step_t, caches, sound)
+            captured = self._capture(key, layout, latents, step_t, cache, sound)
         self._graphs.move_to_end(key)
         captured.latents.copy_(latents)
         captured.step_t.copy_(step_t)
-        for static, live in zip(captured.caches, caches, strict=True):
-            for buffer, tensor in zip(static.keys + static.values, live.keys + live.values, strict=True):
-                buffer.copy_(tensor)
+        for static, live in zip(captured.cache.keys + captured.cache.values, cache.keys + cache.values, strict=True):
+            static.copy_(live)
         if sound is not None:
             captured.sound.copy_(sound)
         captured.graph.replay()
-        return [GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
-                for out in captured.out]
+        out = captured.out
+        return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
 
-    def _capture(self, key, layout, latents, step_t, caches, sound) -> _Captured:
+    def _capture(self, key, layout, latents, step_t, cache, sound) -> _Captured:
         if len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
-        static = [UndCache([k.clone() for k in c.keys], [v.clone() for v in c.values], c.length) for c in caches]
+        static = UndCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.length)
         inputs = (latents.clone(), step_t.clone(), static, None if sound is None else sound.clone())
         # Warm up on a side stream (lazy cuBLAS/extension init must not happen during capture).
         side = torch.cuda.Stream()

@@ -88,7 +88,7 @@ class _DiffusersAttention:
 
 
 class DiffusersVelocity:
-    """diffusers' model behind the interface ``Cosmos3Pipeline`` drives (``encode_text``, ``forward_branches``...).
+    """diffusers' model behind the interface ``Cosmos3Pipeline`` drives (``encode_text``, ``__call__``, ...).
 
     diffusers recomputes the UND tower on every call (no cache; the result is the same), so
     ``encode_text`` keeps nothing. Inputs arrive in the pipeline's dtype and run in the model's.
@@ -111,10 +111,9 @@ class DiffusersVelocity:
     def step_policy_info(self) -> None:
         return None
 
-    def forward_branches(self, branches, latents, timestep, *, fps=None, condition_frames=(),
-                         sound_latents=None) -> list[GenOutput]:
-        """One evaluation per ``(input_ids, cache)`` branch: diffusers' forward takes one text a call."""
+    def __call__(self, input_ids, latents, timestep, *, und_cache=None, fps=None, condition_frames=(),
+                 sound_latents=None) -> GenOutput:
         sound = None if sound_latents is None else sound_latents.to(self.dtype)
-        return [GenOutput(*reference_forward(self.model, ids, latents.to(self.dtype), float(timestep), fps=fps,
-                                             condition_frames=condition_frames, sound=sound))
-                for ids, _ in branches]
+        vision, sound = reference_forward(self.model, input_ids, latents.to(self.dtype), float(timestep), fps=fps,
+                                          condition_frames=condition_frames, sound=sound)
+        return GenOutput(vision, sound)

@@ -1,7 +1,7 @@
 """Cosmos3 render pipeline: T2I / T2V / I2V / V2V from a checkpoint in the published layout.
 
 One job runs: prompt -> token ids (both CFG branches) -> UND tower once per branch (cached K/V)
--> denoising loop (step precision chosen once per step, then one GEN pass of the cond and uncond branches, CFG,
+-> denoising loop (step precision chosen once per step, then the cond and uncond passes, CFG,
 scheduler update, conditioned latent frames re-pinned) -> VAE decode -> ``uint8 [T, H, W, 3]``.
 With sound (a ``sound_gen`` checkpoint with a ``sound_tokenizer/``), sound latents ride in the same
 GEN passes, get the same guidance and their own scheduler, and decode to a float waveform.
@@ -61,8 +61,7 @@ class RenderOutput:
 
 
 class Branch(NamedTuple):
-    """One side of classifier-free guidance: its token ids ``[S]`` and their UND K/V cache (the model's
-    ``forward_branches`` takes a sequence of these)."""
+    """One side of classifier-free guidance: its token ids ``[S]`` and their UND K/V cache."""
 
     ids: torch.Tensor
     cache: object  # the model's UND cache; None for an uncond branch no step uses
@@ -251,19 +250,18 @@ class Cosmos3Pipeline:
     def _velocity(self, latents, sound, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning):
         """CFG velocities in fp32, vision ``[C, T', H', W']`` and sound ``[sound_dim, T_s]`` (or None).
 
-        The cond branch, and the uncond one if ``guidance != 1``, in one pass of the model; both streams mix
-        with the same guidance.
+        The cond pass, then the uncond pass if ``guidance != 1``; both streams mix with the same guidance.
         """
-        used = branches if guidance != 1.0 else branches[:1]
-        outs = self.model.forward_branches(
-            used, latents.to(self.dtype), t, fps=plan.fps if plan.is_video else None,
-            condition_frames=cond.frames, sound_latents=None if sound is None else sound.to(self.dtype))
-        v, v_sound = outs[0].vision.float(), None if outs[0].sound is None else outs[0].sound.float()
+        kwargs = {"fps": plan.fps if plan.is_video else None, "condition_frames": cond.frames,
+                  "sound_latents": None if sound is None else sound.to(self.dtype)}
+        x = latents.to(self.dtype)
+        out = self.model(branches[0].ids, x, t, und_cache=branches[0].cache, **kwargs)
+        v, v_sound = out.vision.float(), None if out.sound is None else out.sound.float()
         if guidance != 1.0:
-            uncond = outs[1]
-            v = uncond.vision.float() + guidance * (v - uncond.vision.float())
+            out = self.model(branches[1].ids, x, t, und_cache=branches[1].cache, **kwargs)
+            v = out.vision.float() + guidance * (v - out.vision.float())
             if v_sound is not None:
-                v_sound = uncond.sound.float() + guidance * (v_sound - uncond.sound.float())
+                v_sound = out.sound.float() + guidance * (v_sound - out.sound.float())
         v[:, : len(cond.frames)] = 0.0  # conditioned frames do not move, whatever the guidance mix
         return v, v_sound
 
@@ -302,7 +300,7 @@ class Cosmos3Pipeline:
         step_times = []
         for i, t in enumerate(timesteps):
             step_start = clock()
-            self.model.set_denoising_step(i, len(timesteps))  # once per step, for both CFG branches
+            self.model.set_denoising_step(i, len(timesteps))  # once, before both CFG passes
             v, v_sound = self._velocity(latents, sound, float(t), guidances[i], branches, plan, cond)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
             if sound is not None:

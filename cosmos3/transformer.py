@@ -9,7 +9,7 @@ References: reference/cosmos3-architecture.md §1-§3; diffusers ``transformer_c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -39,23 +39,14 @@ class UndCache:
 
 @dataclass(frozen=True)
 class GenLayout:
-    """Shape-only facts of a GEN evaluation: the same for every step of a render.
+    """Shape-only facts of a GEN evaluation: the same for every step of a render."""
 
-    One pass evaluates the same latents under B branches (CFG's cond and uncond texts), their GEN tokens
-    stacked branch after branch: ``[B * N_gen, H]``. Branches differ only in their UND K/V and, through
-    the UND length, in the GEN tokens' RoPE positions.
-    """
-
-    key: tuple  # (latent shape, UND length of each branch, fps, condition frames, sound frames)
+    key: tuple  # (latent shape, UND length, fps, condition frames, sound frames)
     latent_shape: tuple[int, int, int, int]  # [C, T, H, W]
     grid: tuple[int, int, int]  # patch grid (T, Hp, Wp)
     noisy: torch.Tensor  # [T_noisy] long: latent frames that get the timestep embedding
-    cos: torch.Tensor  # [B * N_gen, hd] RoPE of the GEN tokens (vision, then sound), branch after branch
+    cos: torch.Tensor  # [N_gen, hd] RoPE of the GEN tokens (vision, then sound)
     sin: torch.Tensor
-
-    @property
-    def branches(self) -> int:
-        return len(self.key[1])
 
 
 @dataclass
@@ -92,9 +83,8 @@ class DecoderLayer(nn.Module):
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
-    def forward_gen(self, x: torch.Tensor, cos, sin, und: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """GEN stream ``[B * N_gen, H]`` of B branches; ``und``: each branch's UND (K, V) of this layer."""
-        x = x + self.self_attn.gen(self.input_layernorm_moe_gen(x), cos, sin, und)
+    def forward_gen(self, x: torch.Tensor, cos, sin, k_und: torch.Tensor, v_und: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.gen(self.input_layernorm_moe_gen(x), cos, sin, k_und, v_und)
         return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
 
 
@@ -198,42 +188,24 @@ class Cosmos3Transformer(nn.Module):
 
         Without ``und_cache`` the UND tower is recomputed from ``input_ids`` (equal results).
         """
-        return self.forward_branches([(input_ids, und_cache)], latents, timestep, fps=fps,
-                                     condition_frames=condition_frames, sound_latents=sound_latents)[0]
-
-    @torch.no_grad()
-    def forward_branches(
-        self,
-        branches: Sequence[tuple[torch.Tensor | None, UndCache | None]],
-        latents: torch.Tensor,
-        timestep: float | torch.Tensor,
-        *,
-        fps: float | None = None,
-        condition_frames: Iterable[int] = (),
-        sound_latents: torch.Tensor | None = None,
-    ) -> list[GenOutput]:
-        """The same evaluation under each branch's text, ``branches`` = ``[(input_ids, und_cache), ...]``
-        (CFG's cond and uncond), in one GEN pass: B branches make every projection one GEMM of B x N_gen rows
-        (at 1,024 tokens a Nano GEMM of 2,048 rows costs less than two of 1,024), attention runs per branch.
-        """
-        caches = [cache if cache is not None else self.encode_text(ids) for ids, cache in branches]
+        if und_cache is None:
+            und_cache = self.encode_text(input_ids)
         t = latents.shape[1]
         cond = tuple(sorted({int(i) for i in condition_frames if 0 <= int(i) < t}))
         sound_frames = None if sound_latents is None else sound_latents.shape[1]
-        layout = self.gen_layout(tuple(latents.shape), tuple(c.length for c in caches), fps, cond, sound_frames)
+        layout = self.gen_layout(tuple(latents.shape), und_cache.length, fps, cond, sound_frames)
         latents = latents.to(self.device, self.dtype)
         if sound_latents is not None:
             sound_latents = sound_latents.to(self.device, self.dtype)
         step_t = self._timestep_tensor(timestep)
         if self.cuda_graphs is not None:
-            return self.cuda_graphs.run(layout, latents, step_t, caches, sound_latents)
-        return self.gen(layout, latents, step_t, caches, sound_latents)
+            return self.cuda_graphs.run(layout, latents, step_t, und_cache, sound_latents)
+        return self.gen(layout, latents, step_t, und_cache, sound_latents)
 
-    def gen_layout(self, latent_shape: tuple[int, int, int, int], und_lens: tuple[int, ...], fps: float | None,
+    def gen_layout(self, latent_shape: tuple[int, int, int, int], und_len: int, fps: float | None,
                    condition_frames: tuple[int, ...], sound_frames: int | None) -> GenLayout:
-        """What a GEN evaluation needs beyond tensors, built once per shape and reused every step;
-        ``und_lens``: each branch's UND length."""
-        key = (latent_shape, und_lens, fps, condition_frames, sound_frames)
+        """What a GEN evaluation needs beyond tensors, built once per shape and reused every step."""
+        key = (latent_shape, und_len, fps, condition_frames, sound_frames)
         if key not in self._layouts:
             if len(self._layouts) >= 16:  # a render uses one or two; bound it across requests
                 self._layouts.pop(next(iter(self._layouts)))
@@ -241,31 +213,28 @@ class Cosmos3Transformer(nn.Module):
         return self._layouts[key]
 
     def _build_layout(self, key) -> GenLayout:
-        latent_shape, und_lens, fps, cond, sound_frames = key
+        latent_shape, und_len, fps, cond, sound_frames = key
         c, t, h, w = latent_shape
         p = self.config.latent_patch_size
         grid = (t, -(-h // p), -(-w // p))
-        positions = []  # [3, N_gen] per branch: the GEN tokens sit after that branch's text
-        for und_len in und_lens:
-            offset = und_len + self.config.unified_3d_mrope_temporal_modality_margin
-            vision_fps = fps if self.config.enable_fps_modulation else None
-            positions.append(grid_positions(grid, offset, fps=vision_fps, base_fps=self.config.base_fps,
-                                            temporal_compression=VAE_TEMPORAL_COMPRESSION))
-            if sound_frames is not None:  # sound shares the vision temporal offset ("temporal siblings")
-                sound_fps = self.config.sound_latent_fps if self.config.enable_fps_modulation else None
-                positions.append(grid_positions((sound_frames, 1, 1), offset, fps=sound_fps,
-                                                base_fps=self.config.base_fps, temporal_compression=1))
-        cos, sin = self.rotary_emb(torch.cat(positions, dim=1), self.dtype)  # [B * N_gen, hd] each
+        offset = und_len + self.config.unified_3d_mrope_temporal_modality_margin
+        vision_fps = fps if self.config.enable_fps_modulation else None
+        positions = [grid_positions(grid, offset, fps=vision_fps, base_fps=self.config.base_fps,
+                                    temporal_compression=VAE_TEMPORAL_COMPRESSION)]
+        if sound_frames is not None:  # sound shares the vision temporal offset ("temporal siblings")
+            sound_fps = self.config.sound_latent_fps if self.config.enable_fps_modulation else None
+            positions.append(grid_positions((sound_frames, 1, 1), offset, fps=sound_fps,
+                                            base_fps=self.config.base_fps, temporal_compression=1))
+        cos, sin = self.rotary_emb(torch.cat(positions, dim=1), self.dtype)  # [N_gen, hd] each
         noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
         return GenLayout(key, latent_shape, grid, noisy, cos, sin)
 
-    def gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, caches: Sequence[UndCache],
-            sound_latents: torch.Tensor | None = None) -> list[GenOutput]:
-        """The GEN tower on device tensors only (no host reads: CUDA-graph capturable); one output per branch."""
+    def gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, und_cache: UndCache,
+            sound_latents: torch.Tensor | None = None) -> GenOutput:
+        """The GEN tower on device tensors only (no host reads: CUDA-graph capturable)."""
         c, t, h, w = layout.latent_shape
         p = self.config.latent_patch_size
         _, hp, wp = layout.grid
-        b = layout.branches
 
         # Embed vision patches; the timestep embedding goes to noisy frames only.
         patches, _ = patchify(latents, p)  # [T*Hp*Wp, p*p*C]
@@ -277,24 +246,18 @@ class Cosmos3Transformer(nn.Module):
             segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
 
         x = torch.cat(segments)  # [N_gen, H]
-        n_gen, n_vision = x.shape[0], segments[0].shape[0]
-        x = x.repeat(b, 1)  # [B * N_gen, H]: every branch starts from the same tokens
-        for i, layer in enumerate(self.layers):
-            x = layer.forward_gen(x, layout.cos, layout.sin, [(cache.keys[i], cache.values[i]) for cache in caches])
-        x = self.norm_moe_gen(x).view(b, n_gen, -1)  # [B, N_gen, H]
+        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
+            x = layer.forward_gen(x, layout.cos, layout.sin, k_und, v_und)
+        x = self.norm_moe_gen(x)
 
         # Read predictions at noisy vision tokens only; condition frames stay zero.
-        frames = x[:, :n_vision].reshape(b, t, hp * wp, -1)[:, layout.noisy]  # [B, T_noisy, Hp*Wp, H]
-        pred = self.proj_out(frames.reshape(-1, frames.shape[-1])).view(b, -1, p * p * c)  # [B, T_noisy*Hp*Wp, ppC]
-        sound = None
-        if sound_latents is not None:
-            sound = self.audio_proj_out(x[:, n_vision:].reshape(-1, x.shape[-1])).view(b, n_gen - n_vision, -1)
-        outputs = []
-        for i in range(b):
-            velocity = torch.zeros((c, t, h, w), dtype=self.dtype, device=self.device)
-            velocity[:, layout.noisy] = unpatchify(pred[i], (len(layout.noisy), hp, wp), p, (h, w))
-            outputs.append(GenOutput(velocity, None if sound is None else sound[i].t()))  # sound [B, T_s, dim]
-        return outputs
+        n_vision = segments[0].shape[0]
+        frames = x[:n_vision].view(t, hp * wp, -1)[layout.noisy]  # [T_noisy, Hp*Wp, H]
+        pred = self.proj_out(frames.reshape(-1, frames.shape[-1]))
+        velocity = torch.zeros((c, t, h, w), dtype=self.dtype, device=self.device)
+        velocity[:, layout.noisy] = unpatchify(pred, (len(layout.noisy), hp, wp), p, (h, w))
+        sound_velocity = self.audio_proj_out(x[n_vision:]).t() if sound_latents is not None else None
+        return GenOutput(velocity, sound_velocity)
 
     def velocity(self, input_ids, latents, timestep, fps=None, condition_frames=(), und_cache=None) -> torch.Tensor:
         """The public entry point: the vision velocity ``[C, T, H, W]``, zero at ``condition_frames``."""

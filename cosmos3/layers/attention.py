@@ -8,7 +8,7 @@ GEN tower. BF16 and dynamic FP8 fuse each tower's Q/K/V into one Linear (``to_qk
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -80,20 +80,11 @@ class MoTAttention(nn.Module):
         out = self.kernels.und(q, k, v)
         return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
 
-    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            und: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """GEN queries attend, unmasked, to the UND keys first and then the GEN keys of their own branch.
-
-        ``x [B * N, H]`` holds B branches' tokens one after another; ``und`` their UND (K, V). Projections
-        run on all B * N rows at once, attention once per branch.
-        """
+    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor):
+        """GEN queries attend, unmasked, to the UND keys first and then the GEN keys."""
         q, k, v = self._qkv(GEN, x, cos, sin)
-        b = len(und)
-        outs = [
-            self.kernels.gen(q_b, torch.cat([k_und, k_b]), torch.cat([v_und, v_b]))  # [N, nh*hd]
-            for q_b, k_b, v_b, (k_und, v_und) in zip(q.chunk(b), k.chunk(b), v.chunk(b), und, strict=True)
-        ]
-        return self.to_add_out(outs[0] if b == 1 else torch.cat(outs))
+        out = self.kernels.gen(q, torch.cat([k_und, k]), torch.cat([v_und, v]))
+        return self.to_add_out(out)
 
     def validate_after_loading(self, where: str) -> None:
         if self.split_qkv:

@@ -80,14 +80,12 @@ def distilled_pipe(tmp_path_factory):
 
 
 class ModelSpy:
-    """Records, in order, the model calls of a render: encode_text, set_denoising_step, and one "velocity" per
-    branch of each GEN pass (``forward_branches``), numbered by pass."""
+    """Records, in order, the model calls of a render: encode_text, set_denoising_step, forward ("velocity")."""
 
     def __init__(self, model, monkeypatch):
         self.events: list[dict] = []
         self.caches: dict[int, list[int]] = {}  # id(cache) -> the token ids it was built from
-        encode_text, forward_branches, set_step = model.encode_text, model.forward_branches, model.set_denoising_step
-        passes = iter(range(1 << 30))
+        encode_text, forward, set_step = model.encode_text, model.forward, model.set_denoising_step
 
         def spy_encode_text(input_ids):
             cache = encode_text(input_ids)
@@ -95,22 +93,21 @@ class ModelSpy:
             self.events.append({"call": "encode_text"})
             return cache
 
-        def spy_forward_branches(branches, latents, timestep, **kwargs):
-            sound, number = kwargs.get("sound_latents"), next(passes)
-            for input_ids, cache in branches:
-                self.events.append(
-                    {"call": "velocity", "pass": number, "ids": input_ids.tolist(), "cache": id(cache), "t": timestep,
-                     "latents": latents.clone(), "condition_frames": tuple(kwargs["condition_frames"]),
-                     "fps": kwargs["fps"], "sound": None if sound is None else sound.clone()}
-                )
-            return forward_branches(branches, latents, timestep, **kwargs)
+        def spy_forward(input_ids, latents, timestep, **kwargs):
+            sound = kwargs.get("sound_latents")
+            self.events.append(
+                {"call": "velocity", "ids": input_ids.tolist(), "cache": id(kwargs["und_cache"]), "t": timestep,
+                 "latents": latents.clone(), "condition_frames": tuple(kwargs["condition_frames"]),
+                 "fps": kwargs["fps"], "sound": None if sound is None else sound.clone()}
+            )
+            return forward(input_ids, latents, timestep, **kwargs)
 
         def spy_set_step(step, num_steps):
             self.events.append({"call": "step", "step": step, "num_steps": num_steps})
             set_step(step, num_steps)
 
         monkeypatch.setattr(model, "encode_text", spy_encode_text)
-        monkeypatch.setattr(model, "forward_branches", spy_forward_branches)
+        monkeypatch.setattr(model, "forward", spy_forward)
         monkeypatch.setattr(model, "set_denoising_step", spy_set_step)
 
     def of(self, call: str) -> list[dict]:
@@ -156,11 +153,11 @@ def test_every_task_renders_uint8_frames_of_the_requested_size(pipe, task):
 )
 def test_unset_fields_take_the_task_defaults(pipe, monkeypatch, task, shape, fps, steps):
     # The defaults are too big for a CPU test: stop at the first velocity and read the job there.
-    def stop(branches, latents, timestep, **kwargs):
+    def stop(input_ids, latents, timestep, **kwargs):
         raise StopRender(tuple(latents.shape), kwargs["fps"])
 
     num_steps = []
-    monkeypatch.setattr(pipe.model, "forward_branches", stop)
+    monkeypatch.setattr(pipe.model, "forward", stop)
     monkeypatch.setattr(pipe.model, "set_denoising_step", lambda step, n: num_steps.append(n))
     with pytest.raises(StopRender) as stopped:
         pipe(RenderRequest(task=task, prompt=PROMPT))
@@ -226,7 +223,7 @@ def test_each_step_sets_precision_then_runs_cond_and_uncond_with_their_own_cache
     spy = ModelSpy(pipe.model, monkeypatch)
     pipe(job("t2v", negative_prompt="blurry"))
     calls = [e["call"] for e in spy.events]
-    # The UND tower runs once per branch per job, then each step: precision, one pass of cond and uncond.
+    # The UND tower runs once per branch per job, then each step: precision, cond pass, uncond pass.
     assert calls == ["encode_text", "encode_text"] + ["step", "velocity", "velocity"] * STEPS
     steps, passes = spy.of("step"), spy.of("velocity")
     cond_ids, uncond_ids = passes[0]["ids"], passes[1]["ids"]
@@ -236,7 +233,8 @@ def test_each_step_sets_precision_then_runs_cond_and_uncond_with_their_own_cache
         assert (steps[i]["step"], steps[i]["num_steps"]) == (i, STEPS)
         assert cond["ids"] == cond_ids and spy.caches[cond["cache"]] == cond_ids
         assert uncond["ids"] == uncond_ids and spy.caches[uncond["cache"]] == uncond_ids
-        assert cond["t"] == uncond["t"] and cond["pass"] == uncond["pass"] == i  # one GEN pass runs both
+        assert cond["t"] == uncond["t"]
+        torch.testing.assert_close(cond["latents"], uncond["latents"], rtol=0, atol=0)
 
 
 def test_t2i_runs_the_uncond_pass_only_inside_the_guidance_interval(pipe, monkeypatch):
@@ -292,18 +290,18 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
     gen_linear = fp8_pipe.model.step_controller.gen_linears[0]
     methods = []
-    forward_branches = fp8_pipe.model.forward_branches
+    forward = fp8_pipe.model.forward
 
-    def record(branches, *args, **kwargs):
-        methods.append((gen_linear.quant_method, len(branches)))
-        return forward_branches(branches, *args, **kwargs)
+    def record(*args, **kwargs):
+        methods.append(gen_linear.quant_method)
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(fp8_pipe.model, "forward_branches", record)
+    monkeypatch.setattr(fp8_pipe.model, "forward", record)
     out = fp8_pipe(job("t2v", steps=8))
     assert out.info["precision"] == "fp8-static"
     a16 = out.info["step_policy"]["a16_steps"]
     assert a16 == [0, 1, 2, 5, 6, 7]  # the published first 3 / last 3
-    assert methods == [(W8A16 if i in a16 else STATIC_FP8, 2) for i in range(8)]  # one pass: cond and uncond
+    assert methods == [W8A16 if i in a16 else STATIC_FP8 for i in range(8) for _branch in ("cond", "uncond")]
 
 
 # -- parity with the published diffusers pipeline ------------------------------------------------

@@ -147,7 +147,7 @@ def test_t2v_with_sound_matches_the_diffusers_pipeline(root, pipe, monkeypatch):
         sound_index = call["sound_sequence_indexes"]
         np.testing.assert_array_equal(sound_index.numpy(), und_len + n_vision + np.arange(10))
         assert len(our["ids"]) == und_len and torch.all(call["sound_timesteps"] == our["t"])
-        layout = pipe.model.gen_layout(tuple(our["latents"].shape), (und_len,), 24.0, (), 10)
+        layout = pipe.model.gen_layout(tuple(our["latents"].shape), und_len, 24.0, (), 10)
         cos, sin = pipe.model.rotary_emb(call["position_ids"][:, sound_index].float(), torch.float32)
         torch.testing.assert_close(layout.cos[n_vision:], cos, rtol=0, atol=1e-6)
         torch.testing.assert_close(layout.sin[n_vision:], sin, rtol=0, atol=1e-6)
@@ -273,18 +273,18 @@ def test_static_fp8_renders_sound_with_each_steps_precision_set_before_both_pass
 
     gen_linear = fp8_pipe.model.step_controller.gen_linears[0]
     methods = []
-    forward_branches = fp8_pipe.model.forward_branches
+    forward = fp8_pipe.model.forward
 
-    def record(branches, *args, **kwargs):
+    def record(*args, **kwargs):
         assert kwargs["sound_latents"] is not None
-        methods.append((gen_linear.quant_method, len(branches)))
-        return forward_branches(branches, *args, **kwargs)
+        methods.append(gen_linear.quant_method)
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(fp8_pipe.model, "forward_branches", record)
+    monkeypatch.setattr(fp8_pipe.model, "forward", record)
     out = fp8_pipe(job("t2v", steps=8))
     a16 = out.info["step_policy"]["a16_steps"]
     assert a16 == [0, 1, 2, 5, 6, 7]
-    assert methods == [(W8A16 if i in a16 else STATIC_FP8, 2) for i in range(8)]  # one pass: cond and uncond
+    assert methods == [W8A16 if i in a16 else STATIC_FP8 for i in range(8) for _branch in ("cond", "uncond")]
     # The waveform stays a close copy of the fp32 render's (measured: 59 dB).
     assert snr_db(pipe(job("t2v", steps=8)).sound, out.sound) > 40.0
 
