@@ -5,9 +5,10 @@ read to the GPU three ways, each from a cold page cache (``--drop-caches``, need
   cat          ``cat`` of the shards to /dev/null: what the disk streams to one reader
   safetensors  ``safe_open(device="cuda").get_tensor`` per key, after a WILLNEED hint per shard (our loader's
                reader until 2026-12-01)
-  ours         ``CheckpointFiles.plan`` + ``get`` in file order: READERS threads, CHUNK pieces, pinned buffers
+  ours RxC     ``CheckpointFiles.plan`` + ``get`` in file order: R threads, C-MiB pieces, pinned buffers; one row
+               per ``--settings`` entry (the first is the default, tensor_reader.READERS x CHUNK)
 
-    python benchmarks/bench_read.py /tmp/nano/fp8/transformer --drop-caches
+    python benchmarks/bench_read.py /tmp/nano/fp8/transformer --drop-caches --settings 4x4 8x16 2x16
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def read_safetensors(files: CheckpointFiles) -> int:
     return total
 
 
-def read_ours(files: CheckpointFiles) -> int:
+def read_ours(files: CheckpointFiles, readers: int, chunk_mib: int) -> int:
+    tensor_reader.READERS, tensor_reader.CHUNK = readers, chunk_mib << 20
     keys = by_file(files)
     files.plan(keys)
     before = files.bytes_read
@@ -69,17 +71,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("transformer", type=Path, help="a transformer/ directory of sharded safetensors")
     parser.add_argument("--drop-caches", action="store_true", help="read each cold first (needs root)")
+    default = f"{tensor_reader.READERS}x{tensor_reader.CHUNK >> 20}"
+    parser.add_argument("--settings", nargs="+", default=[default], help="readers x MiB per piece, e.g. 8x16")
     args = parser.parse_args()
+    settings = [tuple(map(int, s.split("x"))) for s in args.settings]
     files = CheckpointFiles(args.transformer, device="cuda")
     props = torch.cuda.get_device_properties(0)
     print(f"GPU {props.name}; {len(files.keys())} tensors in {len({h.file for h in files.headers.values()})} shards; "
-          f"ours: {tensor_reader.READERS} readers, {tensor_reader.CHUNK >> 20} MiB pieces, "
-          f"{tensor_reader.AHEAD >> 30} GiB ahead; {os.cpu_count()} CPUs")
+          f"ours: readers x MiB pieces as named, {tensor_reader.AHEAD >> 30} GiB ahead; {os.cpu_count()} CPUs")
     print("| reader | page cache | GB | s | GB/s | vs safetensors |")
     print("|---|---|---|---|---|---|")
     rows = {}
     for cache in (["cold"] if args.drop_caches else []) + ["warm"]:
-        for name, read in (("cat", read_cat), ("safetensors", read_safetensors), ("ours", read_ours)):
+        readers = [("cat", read_cat), ("safetensors", read_safetensors)]
+        readers += [(f"ours {r}x{c}", lambda files, r=r, c=c: read_ours(files, r, c)) for r, c in settings]
+        for name, read in readers:
             state = drop_page_cache() if cache == "cold" else "kept"
             start = time.perf_counter()
             nbytes = read(files)

@@ -107,6 +107,19 @@ def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str]
     return path
 
 
+def wait_for_idle_gpu(limit: float = 120.0) -> float:
+    """Seconds waited until no process holds GPU memory, so a run's worker does not start while the previous run's
+    is still exiting (of two runs back to back, the second allocated the Nano model in 3.9 s, the first in 0.9 s)."""
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit:
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.split()
+        if not apps:
+            break
+        time.sleep(1.0)
+    return time.perf_counter() - started
+
+
 def drop_page_cache() -> str:
     """So the worker reads its checkpoint from the disk, not from memory the writer just filled."""
     os.sync()
@@ -130,6 +143,7 @@ def do_farm(args) -> dict:
     shutil.rmtree(folder, ignore_errors=True)
     jobs = args.jobs.split(",")
     manifest = write_manifest(folder, checkpoint, args.variant, jobs, args.attention)
+    waited = wait_for_idle_gpu()
     cache = drop_page_cache() if args.drop_caches else "kept"
     args.out.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -152,7 +166,8 @@ def do_farm(args) -> dict:
     summaries = sorted((folder / "renders" / ".farm").glob("*/runs/*.json"))
     return {"kind": "farm", "machine": machine(), "variant": args.variant, "attention": args.attention,
             "command": " ".join(command),
-            "exit": run.returncode, "seconds": seconds, "page_cache": cache, "sidecars": sidecars,
+            "exit": run.returncode, "seconds": seconds, "page_cache": cache, "waited_for_idle_gpu": waited,
+            "sidecars": sidecars,
             "summary": json.loads(summaries[-1].read_text()) if summaries else None}
 
 
@@ -180,15 +195,12 @@ def _peak_decode(vae, latents, tiled: bool) -> dict:
 
 
 def do_direct(args) -> dict:
-    """Worker start, T2I twice (the second is a warm worker's), and one T2V latent decoded untiled and tiled
-    (and untiled in fp32, for comparison). The process's CUDA allocator is set up as a farm GPU worker's."""
+    """Worker start, T2I twice (the second is a warm worker's), and (unless ``--no-decodes``) one T2V latent decoded
+    untiled and tiled (and untiled in fp32, for comparison). The process's CUDA allocator is a farm GPU worker's."""
     from worker.gpu import configure_cuda_allocator
 
     configure_cuda_allocator()  # before torch touches CUDA
-    import torch
-
     from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
-    from cosmos3.vae import WanVAE
 
     cache = drop_page_cache() if args.drop_caches else "kept"
     started = time.perf_counter()
@@ -196,16 +208,24 @@ def do_direct(args) -> dict:
     load = {**pipe.load_timings, "wall": time.perf_counter() - started, "page_cache": cache}
     still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
     t2i = [pipe(RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)) for _ in range(2)]
+    decodes = [] if args.no_decodes else _decodes(pipe, args.root / "fp8" / "vae")
+    return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,
+            "t2i": [{"timings": o.timings, "memory": o.memory} for o in t2i]}
+
+
+def _decodes(pipe, vae_dir: Path) -> list[dict]:
+    """One T2V latent decoded by the worker's VAE (bf16 on CUDA) untiled and tiled, and by an fp32 VAE untiled."""
+    import torch
+
+    from cosmos3.vae import WanVAE
+
     torch.set_grad_enabled(False)  # the pipeline's own calls run in inference mode; these bare decodes must too
     shape = pipe.vae.latent_shape(189, 720, 1280)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()  # [48, 48, 45, 80]
-    # The worker's decode (bf16 on CUDA) untiled and tiled, and an fp32 VAE's for comparison.
     decodes = [_peak_decode(pipe.vae, latents, tiled) for tiled in (False, True)]
     pipe.vae.force_tiling = None
-    fp32 = WanVAE.from_pretrained(args.root / "fp8" / "vae", device=torch.device("cuda"), dtype=torch.float32)
-    decodes.append(_peak_decode(fp32, latents, False))
-    return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,
-            "t2i": [{"timings": o.timings, "memory": o.memory} for o in t2i]}
+    fp32 = WanVAE.from_pretrained(vae_dir, device=torch.device("cuda"), dtype=torch.float32)
+    return decodes + [_peak_decode(fp32, latents, False)]
 
 
 # -- diffusers -------------------------------------------------------------------------------------
@@ -374,7 +394,9 @@ def do_report(args) -> None:
         if r["kind"] == "write":
             lines += ["### Checkpoint written", "", "```", json.dumps(r["variants"], indent=1), "```", ""]
         elif r["kind"] == "farm":
-            lines += [f"`{r['command']}`: exit {r['exit']}, {r['seconds']:.1f} s, page cache {r['page_cache']}", ""]
+            waited = r.get("waited_for_idle_gpu")
+            lines += [f"`{r['command']}`: exit {r['exit']}, {r['seconds']:.1f} s, page cache {r['page_cache']}"
+                      + ("" if waited is None else f", {waited:.1f} s waited for the GPU to be idle first"), ""]
             for job, record in r["sidecars"].items():
                 lines += job_table(job, record)
         elif r["kind"] == "direct":
@@ -414,6 +436,7 @@ def main() -> None:
     direct = sub.add_parser("direct")
     direct.add_argument("--root", type=Path, required=True)
     direct.add_argument("--drop-caches", action="store_true")
+    direct.add_argument("--no-decodes", action="store_true", help="worker start and the two stills only")
     direct.add_argument("--out", type=Path, required=True)
     report = sub.add_parser("report")
     report.add_argument("results", nargs="+")

@@ -23,8 +23,11 @@ import torch
 
 from cosmos3.errors import CheckpointError
 
-READERS = 8  # pieces in flight: requests the disk sees at once
-CHUNK = 16 << 20  # bytes per piece
+# 16 MiB in flight: enough to stream the page cache (19.6 GB/s with 8 x 16 MiB on the H200's host) and that host's disk
+# (1.55 GB/s cold, its `cat` 1.58), while the small reads of a worker starting beside it (the diffusers import) wait
+# behind little: with 8 x 16 MiB queued the VAE's import finished 12 s after the checkpoint (bench_read.py results).
+READERS = 4  # pieces in flight: requests the disk sees at once
+CHUNK = 4 << 20  # bytes per piece
 AHEAD = 2 << 30  # bytes read (on the device) that the loader has not taken yet
 
 
