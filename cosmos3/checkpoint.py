@@ -1,8 +1,8 @@
 """Read a Cosmos3 transformer checkpoint (sharded safetensors + index) into our model, strictly.
 
-* What the files hold (keys, dtypes, shapes, which modules are FP8) comes from
-  ``checkpoint_header``, the torch-free reader ``farm validate`` also runs; this module reads
-  the tensor data and fills the model.
+* What the files hold (keys, dtypes, shapes, offsets, which modules are FP8) comes from
+  ``checkpoint_header``, the torch-free reader ``farm validate`` also runs; this module fills the
+  model, with the tensor data read by ``tensor_reader`` ahead of it, in the order it fills.
 * Two key dialects: the diffusers flat layout (``layers.0.self_attn.to_q.weight``) and the
   legacy ``model.``-prefixed one (``model.layers.0.self_attn.q_proj.weight``, ``*_moe_gen``,
   ``vae2llm``...); ``normalize_key`` maps the second onto the first, in the open.

@@ -1,12 +1,14 @@
 """Checkpoint tensors from safetensors shards to a device, read by threads in the order the loader takes them.
 
 safetensors' own reader maps a shard and copies each tensor out of the mapping: a cold disk then sees one
-reader's page-fault readahead, a warm page cache still costs a fault per 4 KiB page (a Nano checkpoint read
-at 2.5 GB/s from the page cache on the H200's host, 0.9 GB/s from its disk, whose ``cat`` does 1.5), and
-the copy to the GPU starts from pageable memory. Here READERS threads ``preadv`` CHUNK-byte pieces of the
-tensors into pinned buffers, so the disk has READERS requests in flight, and each piece is copied to its
-tensor on the device as it lands. ``PlannedRead`` reads a list of tensors in the loader's order, at most
-AHEAD bytes in front of what the loader has taken; ``read_tensor`` reads one, in the calling thread.
+reader's page-fault readahead, a warm page cache still costs a fault per 4 KiB page, and the copy to the GPU
+starts from pageable memory. Here READERS threads ``preadv`` CHUNK-byte pieces of the tensors into pinned
+buffers, so the disk has READERS requests in flight, and each piece is copied to its tensor on the device as
+it lands. ``PlannedRead`` reads a list of tensors in the loader's order, at most AHEAD bytes in front of what
+the loader has taken; ``read_tensor`` reads one, in the calling thread.
+
+benchmarks/bench_read.py, a Nano FP8 checkpoint (16.5 GB) to the H200: from the page cache 14.9-19.6 GB/s vs
+safetensors' 4.0-4.2 (3.7-4.6x); from the disk 1.49-1.55 GB/s vs 1.25-1.35, the disk's own ``cat`` 1.44-1.58.
 """
 
 from __future__ import annotations
@@ -23,11 +25,10 @@ import torch
 
 from cosmos3.errors import CheckpointError
 
-# 16 MiB in flight: enough to stream the page cache (19.6 GB/s with 8 x 16 MiB on the H200's host) and that host's disk
-# (1.55 GB/s cold, its `cat` 1.58), while the small reads of a worker starting beside it (the diffusers import) wait
-# behind little: with 8 x 16 MiB queued the VAE's import finished 12 s after the checkpoint (bench_read.py results).
-READERS = 4  # pieces in flight: requests the disk sees at once
-CHUNK = 4 << 20  # bytes per piece
+# 8 x 16 MiB streamed the page cache at 14.9 GB/s where 4 x 4 and 2 x 16 MiB managed 9.4-9.8; all settings read the
+# disk at its own speed (bench_read.py --settings).
+READERS = 8  # pieces in flight: requests the disk sees at once
+CHUNK = 16 << 20  # bytes per piece
 AHEAD = 2 << 30  # bytes read (on the device) that the loader has not taken yet
 
 
