@@ -98,3 +98,17 @@ def test_bf16_variant_is_the_same_model_dequantized_and_loads_into_diffusers_str
     model = Cosmos3OmniTransformer.from_config(config)
     model.load_state_dict(bf16, strict=True)  # diffusers' own names, no key left over or missing
     assert Cosmos3Pipeline.from_pretrained(roots["bf16"]).model.precision == "bf16"
+
+
+def test_the_benchmark_manifest_validates_against_its_checkpoint(roots, tmp_path):
+    """bench_render's manifest (the issue's workload, the second still included) is one `farm validate` accepts."""
+    from benchmarks.bench_render import JOBS, PROMPT, write_manifest
+    from farm import manifest
+
+    path = write_manifest(tmp_path / "run", roots["fp8"], "fp8", list(JOBS))
+    jobs = {job.key: job for job in manifest.load(path).jobs}
+    assert set(jobs) == set(JOBS)
+    first, second = jobs["t2i"].request, jobs["t2i-seed2"].request
+    assert first.prompt == second.prompt == PROMPT
+    assert (first.width, first.height, first.steps) == (second.width, second.height, second.steps) == (1024, 1024, 50)
+    assert (first.seed, second.seed) == (0, 2)
