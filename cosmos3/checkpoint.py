@@ -111,7 +111,7 @@ class TensorDict:
         return self._tensors[key]
 
     def close(self) -> None:
-        pass
+        """Nothing reads: nothing to stop."""
 
     def dtype_of(self, key: str) -> torch.dtype:
         return self._tensors[key].dtype
