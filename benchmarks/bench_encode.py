@@ -1,9 +1,10 @@
 """A Nano clip's MP4 encode (189 frames of 1280x720, what the worker's publish does: x264 at CRF 18, then the
 read-back check) with x264 presets side by side, on noise-like frames (a random-weights render, x264's worst
-case) and on structured moving frames (gradients sliding across the picture). CPU only: the encode runs on the
-worker's host, so its core count decides the absolute times; the ratios carry over.
+case) and on structured moving frames (gradients sliding across the picture); then a 1024x1024 still's PNG at
+zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
+encode runs on the worker's host, so its core count decides the absolute times; the ratios carry over.
 
-    python benchmarks/bench_encode.py [--frames 189] [--presets veryfast superfast ultrafast]
+    python benchmarks/bench_encode.py [--frames 189] [--presets veryfast superfast ultrafast] [--png-levels 1 3 6]
 """
 
 from __future__ import annotations
@@ -19,25 +20,36 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.encode import MP4_PRESET, write_mp4  # noqa: E402
+from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, write_mp4, write_png  # noqa: E402
 
 HEIGHT, WIDTH = 720, 1280
 
 
-def clips(frames: int) -> dict[str, np.ndarray]:
-    """name -> uint8 ``[T, 720, 1280, 3]``."""
-    noise = np.random.default_rng(0).integers(0, 256, (frames, HEIGHT, WIDTH, 3), dtype=np.uint8)
+def clips(frames: int, height: int = HEIGHT, width: int = WIDTH) -> dict[str, np.ndarray]:
+    """name -> uint8 ``[T, H, W, 3]``."""
+    noise = np.random.default_rng(0).integers(0, 256, (frames, height, width, 3), dtype=np.uint8)
     t = np.arange(frames)[:, None, None]
-    y, x = np.arange(HEIGHT)[None, :, None], np.arange(WIDTH)[None, None, :]
+    y, x = np.arange(height)[None, :, None], np.arange(width)[None, None, :]
     channels = [(x + 3 * t) % 256, (y + 2 * t) % 256, ((x + y) // 4 + t) % 256]  # each broadcasts to [T, H, W]
     structured = np.stack(np.broadcast_arrays(*channels), axis=-1).astype(np.uint8)
     return {"noise": noise, "structured": structured}
+
+
+def stills() -> dict[str, np.ndarray]:
+    """name -> uint8 ``[1, 1024, 1024, 3]``: the clips' kinds, and smooth shapes with a photo's grain."""
+    y, x = np.mgrid[0:1024, 0:1024].astype(np.float32)
+    shapes = 128 + 50 * np.sin(x / 97) * np.cos(y / 131) + 30 * np.sin((x + 2 * y) / 53)  # [H, W]
+    grain = np.random.default_rng(1).normal(0.0, 2.0, (1024, 1024, 3))  # sensor noise, 2 levels RMS
+    photo = np.stack([shapes, np.roll(shapes, 40, 0), np.roll(shapes, 80, 1)], axis=-1) + grain  # [H, W, 3]
+    return {**clips(1, 1024, 1024), "smooth + grain": np.clip(photo, 0, 255).astype(np.uint8)[None]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=189)
     parser.add_argument("--presets", nargs="+", default=[MP4_PRESET, "superfast", "ultrafast"])
+    parser.add_argument("--png-levels", nargs="+", type=int, default=[PNG_COMPRESS_LEVEL, 3, 6],
+                        help="zlib levels; 6 is Pillow's default")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs; {args.frames} frames of {WIDTH}x{HEIGHT}; the worker's preset: {MP4_PRESET}")
     print("| frames | preset | encode + read-back s | vs the worker's preset | MB | size vs the worker's |")
@@ -52,6 +64,22 @@ def main() -> None:
                 seconds, size = time.perf_counter() - started, path.stat().st_size
                 base = base or (seconds, size)
                 print(f"| {name} | {preset} | {seconds:.2f} | {base[0] / seconds:.2f}x | {size / 1e6:.1f} | "
+                      f"{size / base[1]:.2f}x |", flush=True)
+        print(f"\n1024x1024 stills, the worker's PNG level: {PNG_COMPRESS_LEVEL} (median of 5)")
+        print("| still | zlib level | encode + read-back s | vs the worker's level | MB | size vs the worker's |")
+        print("|---|---|---|---|---|---|")
+        for name, frames in stills().items():
+            base = None
+            for level in args.png_levels:
+                path = Path(folder) / f"still-{level}.png"
+                times = []
+                for _ in range(5):
+                    started = time.perf_counter()
+                    write_png(frames, path, compress_level=level)
+                    times.append(time.perf_counter() - started)
+                seconds, size = sorted(times)[2], path.stat().st_size
+                base = base or (seconds, size)
+                print(f"| {name} | {level} | {seconds:.3f} | {base[0] / seconds:.2f}x | {size / 1e6:.2f} | "
                       f"{size / base[1]:.2f}x |", flush=True)
 
 

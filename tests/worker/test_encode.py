@@ -32,6 +32,28 @@ def test_png_round_trips_exactly(tmp_path):
     assert np.array_equal(iio.imread(path, extension=".png"), frames[0])
 
 
+def _zlib_level_class(png: bytes) -> int:
+    """FLEVEL of the first IDAT's zlib header: 0 for zlib level 1, 1 for 2-5, 2 for 6, 3 for 7-9 (RFC 1950)."""
+    offset = 8  # the PNG signature; then chunks of length (4), type (4), data, CRC (4)
+    while png[offset + 4:offset + 8] != b"IDAT":
+        offset += 12 + int.from_bytes(png[offset:offset + 4], "big")
+    return png[offset + 9] >> 6  # data begins at offset + 8: CMF, then FLG
+
+
+def _flevel(level: int) -> int:
+    return 0 if level <= 1 else 1 if level <= 5 else 2 if level == 6 else 3
+
+
+@pytest.mark.parametrize("level", [None, 1, 6, 9])
+def test_png_uses_the_zlib_level_asked_for_and_stays_lossless(tmp_path, level):
+    frames = _frames(1, 64, 64)
+    path = tmp_path / "still.png"
+    encode.write_png(frames, path, **({} if level is None else {"compress_level": level}))
+    expected = _flevel(encode.PNG_COMPRESS_LEVEL if level is None else level)  # None: the worker's level
+    assert _zlib_level_class(path.read_bytes()) == expected
+    assert np.array_equal(iio.imread(path, extension=".png"), frames[0])
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_mp4_is_h264_with_every_frame(tmp_path, shape):
     frames = _frames(*shape)

@@ -92,7 +92,7 @@ def test_scratch_space_is_checked_before_ffmpeg_starts(tmp_path, root, monkeypat
 
 
 def test_a_png_that_does_not_read_back_is_not_published(tmp_path, root, monkeypatch):
-    monkeypatch.setattr(encode.iio, "imwrite", lambda path, frame, extension: Path(path).write_bytes(b"\x89PNG junk"))
+    monkeypatch.setattr(encode.iio, "imwrite", lambda path, frame, **_: Path(path).write_bytes(b"\x89PNG junk"))
     with pytest.raises(encode.EncodeError, match="does not read back as a PNG"):
         storage.publish(root / "still.png", 1, lambda temp: encode.write_png(FRAMES[:1], temp), root=root)
     assert _left(root) == []
