@@ -84,9 +84,9 @@ class PlannedRead:
             expected = self._order[self._taken] if self._taken < len(self._order) else "nothing"
             raise RuntimeError(f"checkpoint tensors taken out of plan: asked for {key}, the plan has {expected} next")
         with self._changed:
-            self._changed.wait_for(lambda: key in self._ready or self._failed is not None)
+            self._changed.wait_for(lambda: key in self._ready or self._failed is not None or self._closed)
             if key not in self._ready:
-                raise self._failed
+                raise self._failed or RuntimeError(f"checkpoint read closed before {key} was read")
             tensor, pieces, nbytes = self._ready.pop(key)
         try:
             for piece in pieces:
