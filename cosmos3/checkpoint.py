@@ -48,7 +48,6 @@ class CheckpointFiles:
         self.device = torch.device(device)
         self.headers = read_tensors(self.directory) if headers is None else headers
         self._planned: PlannedRead | None = None
-        self._planned_keys: set[str] = set()
         self.bytes_read = 0  # by get(): what loading moved from disk to the device
 
     def keys(self) -> set[str]:
@@ -61,11 +60,9 @@ class CheckpointFiles:
         """The keys ``get`` will ask for next, in order: they are read ahead, in parallel."""
         self.close()
         self._planned = PlannedRead([self._stored(key) for key in keys], self.device)
-        self._planned_keys = set(keys)
 
     def get(self, key: str) -> torch.Tensor:
-        if key in self._planned_keys:
-            self._planned_keys.discard(key)
+        if self._planned is not None and self._planned.holds(key):
             tensor = self._planned.take(key)
         else:
             tensor = read_tensor(self._stored(key), self.device)
@@ -76,7 +73,7 @@ class CheckpointFiles:
         """Stops a plan's reading (its threads, its pinned buffers); loading closes it when it ends."""
         if self._planned is not None:
             self._planned.close()
-        self._planned, self._planned_keys = None, set()
+        self._planned = None
 
     def _stored(self, key: str) -> Stored:
         header = self.headers[key]

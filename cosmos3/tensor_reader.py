@@ -68,7 +68,8 @@ class PlannedRead:
         self._device = device
         self._order = [stored.key for stored in plan]
         self._taken = 0
-        self._ready: dict[str, tuple[torch.Tensor, list[Future], int]] = {}
+        self._untaken = set(self._order)
+        self._ready: dict[str, tuple[torch.Tensor, list[Future]]] = {}
         self._ahead = 0  # bytes fed and not taken
         self._closed = False
         self._failed: BaseException | None = None
@@ -79,6 +80,10 @@ class PlannedRead:
         self._feeder = threading.Thread(target=self._feed, args=(plan,), name="checkpoint-plan", daemon=True)
         self._feeder.start()
 
+    def holds(self, key: str) -> bool:
+        """Whether ``key`` is planned and not taken yet."""
+        return key in self._untaken
+
     def take(self, key: str) -> torch.Tensor:
         if self._taken >= len(self._order) or self._order[self._taken] != key:
             expected = self._order[self._taken] if self._taken < len(self._order) else "nothing"
@@ -87,7 +92,7 @@ class PlannedRead:
             self._changed.wait_for(lambda: key in self._ready or self._failed is not None or self._closed)
             if key not in self._ready:
                 raise self._failed or RuntimeError(f"checkpoint read closed before {key} was read")
-            tensor, pieces, nbytes = self._ready.pop(key)
+            tensor, pieces = self._ready.pop(key)
         try:
             for piece in pieces:
                 piece.result()  # a read's error surfaces here, naming the file
@@ -95,8 +100,9 @@ class PlannedRead:
             self.close()
             raise
         self._taken += 1
+        self._untaken.discard(key)
         with self._changed:
-            self._ahead -= nbytes
+            self._ahead -= tensor.nbytes
             self._changed.notify_all()
         if self._taken == len(self._order):
             self.close()
@@ -118,12 +124,12 @@ class PlannedRead:
                     if self._closed:
                         return
                     self._ahead += stored.nbytes
+                    fd = self._files.fd(stored.file)  # under the lock: close() cannot have closed the files yet
                 tensor, pieces = _allocate(stored, self._device)
-                fd = self._files.fd(stored.file)
                 futures = [self._pool.submit(_read_piece, fd, stored, start, length, tensor, self._buffers)
                            for start, length in pieces]
                 with self._changed:
-                    self._ready[stored.key] = (tensor, futures, stored.nbytes)
+                    self._ready[stored.key] = (tensor, futures)
                     self._changed.notify_all()
         except BaseException as err:  # an allocation or open that failed: the taker raises it
             with self._changed:
