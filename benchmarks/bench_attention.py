@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_transformer import timed  # noqa: E402
+from cosmos3 import ops  # noqa: E402
 from cosmos3.layers.attention_kernels import (  # noqa: E402
     CudnnFp8Kernel,
     FlashInferKernel,
@@ -36,7 +36,7 @@ from cosmos3.layers.attention_kernels import (  # noqa: E402
     fp8_attention_reference,
     fp8_inputs,
 )
-from cosmos3.layers.rope import MRoPE, apply_rope, grid_positions, text_positions  # noqa: E402
+from cosmos3.layers.rope import MRoPE, grid_positions, text_positions  # noqa: E402
 
 GRIDS = {1024: (1, 32, 32), 44160: (48, 23, 40)}  # patch grid (T, Hp, Wp) of each GEN token count
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, TEXT = 32, 8, 128, 4096, 512
@@ -61,9 +61,9 @@ def realistic_qkv(n_gen: int, seed: int = 0):
         cos, sin = rope(pos, torch.bfloat16)
         q, k, v = (x @ randn(HIDDEN, heads * HEAD_DIM, std=HIDDEN**-0.5).bfloat16()
                    for heads in (HEADS, KV_HEADS, KV_HEADS))
-        qn, kn = (F.rms_norm(t.view(tokens, -1, HEAD_DIM), (HEAD_DIM,), torch.exp(randn(HEAD_DIM, std=0.5) + 0.3)
-                             .bfloat16(), 1e-6) for t in (q, k))
-        out[tower] = (apply_rope(qn, cos, sin), apply_rope(kn, cos, sin), v.view(tokens, KV_HEADS, HEAD_DIM))
+        qn, kn = (ops.rms_norm_rope(t.view(tokens, -1, HEAD_DIM), torch.exp(randn(HEAD_DIM, std=0.5) + 0.3)
+                                    .bfloat16(), 1e-6, cos, sin) for t in (q, k))
+        out[tower] = (qn, kn, v.view(tokens, KV_HEADS, HEAD_DIM))
     q = out["gen"][0]
     k = torch.cat([out["und"][1], out["gen"][1]])
     v = torch.cat([out["und"][2], out["gen"][2]])

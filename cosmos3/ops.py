@@ -9,8 +9,19 @@
     dequantize_fp8(weight, scale, dtype) -> Tensor
         W8A16's weight dequantization: (weight * scale) of an FP8 e4m3 weight in fp32, rounded once to dtype
         (bf16 or fp16).
+    rms_norm(x, weight, eps, scale=None) -> Tensor
+        RMSNorm over the last dim in fp32, rounded once to x's dtype; with a scale, that value
+        quantized as quantize_fp8 does, in the same kernel.
+    add_rms_norm(x, delta, weight, eps, scale=None) -> (Tensor, Tensor)
+        (x + delta rounded to x's dtype, rms_norm of that sum): a residual add and the next norm in one kernel.
+    rms_norm_rope(x, weight, eps, cos, sin) -> Tensor
+        the QK norm of every head of x [tokens, heads, head_dim] (head_dim even), then rotate-half
+        RoPE with the tables [tokens, head_dim] of cosmos3.layers.rope (the sign folded into sin); a contiguous
+        [tokens, heads, head_dim] out. x's heads must be contiguous; its tokens may be strided (a fused QKV's
+        slice). csrc/rms_norm.cu states the arithmetic and the fixed order of its sums.
 
-Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous, of any rank; ``scale`` is an
+Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous (but rms_norm_rope's x), of any
+rank (rms_norm_rope's: 3); a norm's weight and tables have its input's dtype; ``scale`` is an
 fp32 tensor with one element on the input's device (read by the kernel, never on the host, so CUDA graphs see
 in-place updates).
 
@@ -32,8 +43,8 @@ from cosmos3 import ops_cpu, ops_loader
 from cosmos3.ops_cpu import FP8
 from cosmos3.ops_loader import load_cuda_ops
 
-__all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "dequantize_fp8", "load_cuda_ops", "quantize_fp8",
-           "silu_and_mul_2in"]
+__all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "add_rms_norm", "dequantize_fp8", "load_cuda_ops",
+           "quantize_fp8", "rms_norm", "rms_norm_rope", "silu_and_mul_2in"]
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANTIZE_DTYPES = (torch.bfloat16, torch.float16)  # dequantize_fp8's outputs: a W8A16 GEMM's 16-bit operand
@@ -43,6 +54,12 @@ _LIB.define("silu_and_mul_2in(Tensor gate, Tensor up, Tensor? scale=None, float?
             "float beta=0.0) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
 _LIB.define("quantize_fp8(Tensor x, Tensor scale) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
 _LIB.define("dequantize_fp8(Tensor weight, Tensor scale, ScalarType dtype) -> Tensor",
+            tags=(torch.Tag.pt2_compliant_tag,))
+_LIB.define("rms_norm(Tensor x, Tensor weight, float eps, Tensor? scale=None) -> Tensor",
+            tags=(torch.Tag.pt2_compliant_tag,))
+_LIB.define("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps, Tensor? scale=None) -> (Tensor, Tensor)",
+            tags=(torch.Tag.pt2_compliant_tag,))
+_LIB.define("rms_norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor",
             tags=(torch.Tag.pt2_compliant_tag,))
 
 
@@ -60,6 +77,23 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """An FP8 e4m3 ``weight`` ([...]) times its fp32 one-element ``scale``, in ``dtype`` ([...], bf16 or fp16)."""
     return torch.ops.cosmos3.dequantize_fp8.default(weight, scale, dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm of ``x`` ([..., dim]) times ``weight`` ([dim]), in x's dtype, or FP8 e4m3 with ``scale``."""
+    return torch.ops.cosmos3.rms_norm.default(x, weight, eps, scale)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, rms_norm(x + delta))`` of [..., dim] tensors: the residual stream and the next norm's input."""
+    return torch.ops.cosmos3.add_rms_norm.default(x, delta, weight, eps, scale)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of the RMSNorm of each head of ``x`` [tokens, heads, head_dim]; ``cos``/``sin`` [tokens, head_dim]."""
+    return torch.ops.cosmos3.rms_norm_rope.default(x, weight, eps, cos, sin)
 
 
 # --- argument checks (csrc/torch_bindings.cpp applies the same rules, in the same order and words) ---
@@ -122,6 +156,52 @@ def _check_dequantize_args(weight: torch.Tensor, scale: torch.Tensor, dtype: tor
                          "activations the weight multiplies")
 
 
+def _check_norm_weight(op: str, weight: torch.Tensor, x: torch.Tensor, dim: int) -> None:
+    if weight.dtype != x.dtype:
+        raise ValueError(f"{op}: weight must have x's dtype {x.dtype}, got {weight.dtype}")
+    if list(weight.shape) != [dim]:
+        raise ValueError(f"{op}: weight must have shape [{dim}] (x's last dim), got {list(weight.shape)}")
+    _check_contiguous(op, "weight", weight)
+    if weight.device != x.device:
+        raise ValueError(f"{op}: weight must be on x's device {x.device}, got {weight.device}")
+
+
+def _check_norm_args(op: str, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     scale: torch.Tensor | None) -> None:
+    _check_input_dtype(op, "x", x)
+    if delta is not None and (delta.shape != x.shape or delta.dtype != x.dtype or delta.device != x.device):
+        raise ValueError(f"{op}: delta must match x (shape {list(x.shape)}, {x.dtype}, {x.device}), got shape "
+                         f"{list(delta.shape)}, {delta.dtype}, {delta.device}")
+    _check_contiguous(op, "x", x)
+    if delta is not None:
+        _check_contiguous(op, "delta", delta)
+    dim = x.shape[-1] if x.dim() > 0 else 0
+    if dim == 0:
+        raise ValueError(f"{op}: x needs a non-empty last dim to normalize, got shape {list(x.shape)}")
+    _check_norm_weight(op, weight, x, dim)
+    if scale is not None:
+        _check_scale(op, scale, x)
+
+
+def _check_rope_args(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    op = "rms_norm_rope"
+    _check_input_dtype(op, "x", x)
+    if x.dim() != 3:
+        raise ValueError(f"{op}: x must be [tokens, heads, head_dim], got shape {list(x.shape)}")
+    tokens, _, dim = x.shape
+    if dim == 0 or dim % 2 != 0:
+        raise ValueError(f"{op}: head_dim must be positive and even (RoPE rotates pairs), got {dim}")
+    if x.stride(2) != 1 or x.stride(1) != dim:
+        raise ValueError(f"{op}: each token's heads must be contiguous (strides [*, {dim}, 1]), got strides "
+                         f"{list(x.stride())}; call .contiguous() first")
+    _check_norm_weight(op, weight, x, dim)
+    for name, table in (("cos", cos), ("sin", sin)):
+        if table.dtype != x.dtype or list(table.shape) != [tokens, dim] or table.device != x.device:
+            raise ValueError(f"{op}: {name} must be [{tokens}, {dim}] {x.dtype} on {x.device}, got "
+                             f"{list(table.shape)} {table.dtype} on {table.device}")
+        _check_contiguous(op, name, table)
+
+
 # --- fake impls: output shape and dtype only ---
 
 def _silu_and_mul_2in_fake(gate, up, scale=None, limit=None, alpha=1.0, beta=0.0):
@@ -137,6 +217,21 @@ def _quantize_fp8_fake(x, scale):
 def _dequantize_fp8_fake(weight, scale, dtype):
     _check_dequantize_args(weight, scale, dtype)
     return weight.new_empty(weight.shape, dtype=dtype)
+
+
+def _rms_norm_fake(x, weight, eps, scale=None):
+    _check_norm_args("rms_norm", x, None, weight, scale)
+    return x.new_empty(x.shape, dtype=FP8 if scale is not None else x.dtype)
+
+
+def _add_rms_norm_fake(x, delta, weight, eps, scale=None):
+    _check_norm_args("add_rms_norm", x, delta, weight, scale)
+    return x.new_empty(x.shape), x.new_empty(x.shape, dtype=FP8 if scale is not None else x.dtype)
+
+
+def _rms_norm_rope_fake(x, weight, eps, cos, sin):
+    _check_rope_args(x, weight, cos, sin)
+    return x.new_empty(x.shape)
 
 
 # --- CPU impls: checked here, computed by ops_cpu ---
@@ -156,6 +251,22 @@ def _dequantize_fp8_cpu(weight, scale, dtype):
     return ops_cpu.dequantize_fp8(weight, scale, dtype)
 
 
+def _rms_norm_cpu(x, weight, eps, scale=None):
+    _check_norm_args("rms_norm", x, None, weight, scale)
+    return ops_cpu.rms_norm(x, weight, eps, scale)
+
+
+def _add_rms_norm_cpu(x, delta, weight, eps, scale=None):
+    _check_norm_args("add_rms_norm", x, delta, weight, scale)
+    total = ops_cpu.residual_sum(x, delta)
+    return total, ops_cpu.rms_norm(total, weight, eps, scale)
+
+
+def _rms_norm_rope_cpu(x, weight, eps, cos, sin):
+    _check_rope_args(x, weight, cos, sin)
+    return ops_cpu.rms_norm_rope(x, weight, eps, cos, sin)
+
+
 def _load_then_redispatch(op_name: str):
     """The CompositeExplicitAutograd kernel of an op: reached by CUDA tensors only until the CUDA kernels load."""
     def impl(*args):
@@ -171,7 +282,10 @@ def _load_then_redispatch(op_name: str):
 
 for _name, _fake, _cpu in (("silu_and_mul_2in", _silu_and_mul_2in_fake, _silu_and_mul_2in_cpu),
                            ("quantize_fp8", _quantize_fp8_fake, _quantize_fp8_cpu),
-                           ("dequantize_fp8", _dequantize_fp8_fake, _dequantize_fp8_cpu)):
+                           ("dequantize_fp8", _dequantize_fp8_fake, _dequantize_fp8_cpu),
+                           ("rms_norm", _rms_norm_fake, _rms_norm_cpu),
+                           ("add_rms_norm", _add_rms_norm_fake, _add_rms_norm_cpu),
+                           ("rms_norm_rope", _rms_norm_rope_fake, _rms_norm_rope_cpu)):
     torch.library.register_fake(f"cosmos3::{_name}", _fake, lib=_LIB)
     _LIB.impl(_name, _cpu, "CPU")
     _LIB.impl(_name, _load_then_redispatch(_name), "CompositeExplicitAutograd")

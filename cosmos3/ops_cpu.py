@@ -12,6 +12,10 @@ correction). The fp32 result is within a few ulps of the exact formula (plus |al
 the exponent's coefficient); for g < -86.6 / alpha, where the exact value is below 2e-38 * |g * (u + beta)|,
 sigmoid is held at 2^-125.5.
 
+The norms (csrc/rms_norm.cu) sum squares by fmaf in the kernel's fixed order: chunk c of 8 elements belongs to
+lane c % lanes, each lane adds its chunks in turn, and the lanes combine by the warp's butterfly;
+``_sum_of_squares`` walks the same order over all rows at once.
+
 Arguments are checked by ``cosmos3.ops`` before they get here.
 """
 
@@ -149,3 +153,66 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
     scalar tensor in fp32); CUDA eager torch's form rounds the scale to bf16 first, so the one-rounding form
     (vLLM-Omni's) is stated explicitly: the same bits on every device, and those the CUDA op computes."""
     return (weight.float() * scale.reshape(())).to(dtype)
+
+
+NORM_CHUNK = 8  # elements a norm kernel's lane handles at once (kChunk in csrc/rms_norm.cu)
+
+
+def norm_lanes(dim: int) -> int:
+    """How many lanes of a warp share a row of ``dim`` elements: the power of two >= its chunks, at most 32."""
+    lanes = 1
+    while lanes < -(-dim // NORM_CHUNK) and lanes < 32:
+        lanes *= 2
+    return lanes
+
+
+def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
+    """x: fp32 [rows, dim] -> [rows] fp32, the kernel's fmaf chain per lane and butterfly over lanes."""
+    rows, dim = x.shape
+    chunks, lanes = -(-dim // NORM_CHUNK), norm_lanes(dim)
+    per_lane = -(-chunks // lanes)
+    # Missing elements are zeros: fmaf(0, 0, acc) is acc, as a short chunk or a lane with fewer chunks stops.
+    padded = x.new_zeros(rows, per_lane * lanes * NORM_CHUNK)
+    padded[:, :dim] = x
+    by_lane = padded.view(rows, per_lane, lanes, NORM_CHUNK)  # chunk k * lanes + l is lane l's k-th
+    acc = x.new_zeros(rows, lanes)
+    for k in range(per_lane):
+        for i in range(NORM_CHUNK):
+            v = by_lane[:, k, :, i]
+            acc = fma_f32(v, v, acc)
+    while acc.shape[1] > 1:  # lane l + lane l ^ o, o = lanes / 2 .. 1: lane 0's sum is this halving
+        half = acc.shape[1] // 2
+        acc = acc[:, :half] + acc[:, half:]
+    return acc[:, 0]
+
+
+def _normalized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [..., dim] in a norm's input dtype -> fp32 [..., dim], (x * inv_rms) * weight rounded to x's dtype."""
+    dim = x.shape[-1]
+    rows = x.float().reshape(-1, dim)
+    sumsq = _sum_of_squares(rows)
+    # Each fp32 operation correctly rounded, as the kernel's; torch's fp32 sqrt on the CPU is not (it missed by an
+    # ulp for 16% of inputs), the fp64 one rounded to fp32 is (53 >= 2 * 24 + 2 bits).
+    inv = 1.0 / torch.sqrt((sumsq / dim + _f32(eps)).double()).float()
+    out = (rows * inv[:, None]) * weight.float()
+    return out.to(x.dtype).float().view(x.shape)
+
+
+def residual_sum(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """x + delta in fp32, rounded to x's dtype: add_rms_norm's first output."""
+    return (x.float() + delta.float()).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Tensor | None) -> torch.Tensor:
+    """x: [..., dim] -> [..., dim] in x's dtype, or FP8 with a scale; the CPU impl of cosmos3::rms_norm."""
+    n = _normalized(x, weight, eps)
+    return _to_fp8(n / scale.reshape(())) if scale is not None else n.to(x.dtype)
+
+
+def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, dim] -> [tokens, heads, dim]: fmaf(roll(n, dim / 2), sin, n * cos) in x's dtype, n the
+    rounded RMSNorm of each head; the CPU impl of cosmos3::rms_norm_rope."""
+    n = _normalized(x.contiguous(), weight, eps)
+    rolled = n.roll(x.shape[-1] // 2, dims=-1)
+    return fma_f32(rolled, sin.float()[:, None], n * cos.float()[:, None]).to(x.dtype)

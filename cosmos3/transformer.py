@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cosmos3.config import Cosmos3Config
-from cosmos3.layers.attention import MoTAttention
+from cosmos3.layers.attention import GEN, UND, MoTAttention
 from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.embeddings import DomainAwareLinear, TimestepEmbedding, patchify, unpatchify
 from cosmos3.layers.linear import Linear
@@ -75,17 +75,34 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(**mlp_args, make_linear=make_linear("mlp"))
         self.mlp_moe_gen = GatedMLP(**mlp_args, make_linear=make_linear("mlp_moe_gen"))
 
-    def forward_und(self, x: torch.Tensor, cos, sin, *, kv_only: bool = False):
-        """UND stream ``[S_und, H]``; returns (new stream or None when ``kv_only``, K, V)."""
-        attn, k, v = self.self_attn.und(self.input_layernorm(x), cos, sin)
-        if kv_only:  # the last layer's UND output is never read: GEN only needs its K/V
-            return None, k, v
-        x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), k, v
+    # Each tower's residual add is deferred into the next norm (add_rms_norm): a layer takes the stream ``x``
+    # ``[S, H]`` with the previous layer's MLP output ``delta`` not yet added (None in the first layer) and
+    # returns the same pair, so a stream's adds and norms are one kernel each.
 
-    def forward_gen(self, x: torch.Tensor, cos, sin, k_und: torch.Tensor, v_und: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn.gen(self.input_layernorm_moe_gen(x), cos, sin, k_und, v_und)
-        return x + self.mlp_moe_gen(self.post_attention_layernorm_moe_gen(x))
+    def forward_und(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, *, kv_only: bool = False):
+        """UND stream; returns (stream, MLP output, K, V), the first two None when ``kv_only``."""
+        x, h = residual_norm(self.input_layernorm, x, delta, self.self_attn.input_scale(UND))
+        attn, k, v = self.self_attn.und(h, cos, sin)
+        if kv_only:  # the last layer's UND output is never read: GEN only needs its K/V
+            return None, None, k, v
+        x, h = self.post_attention_layernorm.add(x, attn, scale=self.mlp.input_scale())
+        return x, self.mlp(h), k, v
+
+    def forward_gen(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, k_und: torch.Tensor,
+                    v_und: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GEN stream; returns (stream, MLP output)."""
+        x, h = residual_norm(self.input_layernorm_moe_gen, x, delta, self.self_attn.input_scale(GEN))
+        attn = self.self_attn.gen(h, cos, sin, k_und, v_und)
+        x, h = self.post_attention_layernorm_moe_gen.add(x, attn, scale=self.mlp_moe_gen.input_scale())
+        return x, self.mlp_moe_gen(h)
+
+
+def residual_norm(norm: RMSNorm, x: torch.Tensor, delta: torch.Tensor | None,
+                  scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + delta, norm of it)``; a first layer has nothing to add."""
+    if delta is None:
+        return x, norm(x, scale=scale)
+    return norm.add(x, delta, scale=scale)
 
 
 class Cosmos3Transformer(nn.Module):
@@ -160,12 +177,12 @@ class Cosmos3Transformer(nn.Module):
     def encode_text(self, input_ids: torch.Tensor) -> UndCache:
         """Run the UND tower once over ``input_ids`` ``[S]`` and keep every layer's K/V."""
         ids = input_ids.to(self.device).reshape(-1)
-        x = self.embed_tokens(ids)  # [S, H]
+        x, delta = self.embed_tokens(ids), None  # [S, H]
         cos, sin = self.rotary_emb(text_positions(ids.numel()), self.dtype)
         keys, values = [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            x, k, v = layer.forward_und(x, cos, sin, kv_only=self.skip_unread_und_mlp and i == last)
+            x, delta, k, v = layer.forward_und(x, delta, cos, sin, kv_only=self.skip_unread_und_mlp and i == last)
             keys.append(k)
             values.append(v)
         return UndCache(keys, values, ids.numel())
@@ -245,10 +262,10 @@ class Cosmos3Transformer(nn.Module):
         if sound_latents is not None:  # sound tokens follow vision in the GEN stream; all are noisy
             segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
 
-        x = torch.cat(segments)  # [N_gen, H]
+        x, delta = torch.cat(segments), None  # [N_gen, H]
         for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
-            x = layer.forward_gen(x, layout.cos, layout.sin, k_und, v_und)
-        x = self.norm_moe_gen(x)
+            x, delta = layer.forward_gen(x, delta, layout.cos, layout.sin, k_und, v_und)
+        _, x = residual_norm(self.norm_moe_gen, x, delta, None)
 
         # Read predictions at noisy vision tokens only; condition frames stay zero.
         n_vision = segments[0].shape[0]

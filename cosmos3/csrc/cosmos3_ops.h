@@ -56,4 +56,25 @@ cudaError_t dequantize_fp8(const void* weight,   // [n] FP8 e4m3
                            const float* scale,   // [1]
                            int64_t n, Dtype out_dtype, LaunchConfig config, cudaStream_t stream);
 
+// RMSNorm of each row of x ([rows, dim]; csrc/rms_norm.cu states the arithmetic). With delta
+// (nullptr: none) the row is x + delta rounded to dtype, written to sum_out. out is the normalized row in dtype,
+// or with scale (nullptr: none) saturate_fp8(normalized / *scale) in FP8 e4m3.
+cudaError_t rms_norm(const void* x,          // [rows, dim] dtype
+                     const void* delta,      // [rows, dim] dtype or nullptr
+                     const void* weight,     // [dim] dtype
+                     void* sum_out,          // [rows, dim] dtype, written when delta is given
+                     void* out,              // [rows, dim] dtype, or FP8 e4m3 with a scale
+                     const float* scale,     // [1] or nullptr
+                     int64_t rows, int64_t dim, float eps, Dtype dtype, cudaStream_t stream);
+
+// The QK norm and RoPE of each head: out[s, h] = rope(rms_norm(x[s, h]) * weight) with the tables of token s;
+// x's row (s, h) starts at x + s * stride + h * dim (dim even).
+cudaError_t rms_norm_rope(const void* x,       // [tokens, heads, dim] dtype, strides (stride, dim, 1)
+                          int64_t stride, int64_t heads,
+                          const void* weight,  // [dim] dtype
+                          const void* cos,     // [tokens, dim] dtype
+                          const void* sin,     // [tokens, dim] dtype, the sign of rotate-half folded in
+                          void* out,           // [tokens, heads, dim] dtype, contiguous
+                          int64_t tokens, int64_t dim, float eps, Dtype dtype, cudaStream_t stream);
+
 }  // namespace cosmos3

@@ -5,8 +5,8 @@
 // nvcc. This file only adds the CUDA kernels, through TORCH_LIBRARY_IMPL(cosmos3, CUDA, m), when
 // cosmos3/ops_loader.py loads it (prebuilt in the wheel, or JIT-built). A TORCH_LIBRARY(cosmos3, m) block
 // here would own the namespace instead, and the ops would only exist after a CUDA build. The argument checks
-// below apply the rules of _check_swiglu_args / _check_quantize_args / _check_dequantize_args in
-// cosmos3/ops.py, in the same order and words.
+// below apply the rules of _check_swiglu_args / _check_quantize_args / _check_dequantize_args /
+// _check_norm_args / _check_rope_args in cosmos3/ops.py, in the same order and words.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -14,6 +14,8 @@
 
 #include <array>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "cosmos3_ops.h"
 
@@ -149,6 +151,94 @@ at::Tensor dequantize_fp8_cuda(const at::Tensor& weight, const at::Tensor& scale
   return out;
 }
 
+void check_norm_weight(const char* op, const at::Tensor& weight, const at::Tensor& x, int64_t dim) {
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), op, ": weight must have x's dtype ",
+                    c10::toString(x.scalar_type()), ", got ", c10::toString(weight.scalar_type()));
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == dim, op, ": weight must have shape [", std::to_string(dim),
+                    "] (x's last dim), got ", list_str(weight.sizes()));
+  check_contiguous(op, "weight", weight);
+  TORCH_CHECK_VALUE(weight.device() == x.device(), op, ": weight must be on x's device ", x.device().str(), ", got ",
+                    weight.device().str());
+}
+
+// x (and delta): [..., dim] contiguous, dim > 0; the rules of _check_norm_args in cosmos3/ops.py.
+Dtype check_norm_args(const char* op, const at::Tensor& x, const at::Tensor* delta, const at::Tensor& weight,
+                      const std::optional<at::Tensor>& scale) {
+  const Dtype dtype = input_dtype(op, "x", x);
+  TORCH_CHECK_VALUE(delta == nullptr || (delta->sizes() == x.sizes() && delta->scalar_type() == x.scalar_type() &&
+                                         delta->device() == x.device()),
+                    op, ": delta must match x (shape ", list_str(x.sizes()), ", ", c10::toString(x.scalar_type()), ", ",
+                    x.device().str(), "), got shape ", list_str(delta->sizes()), ", ",
+                    c10::toString(delta->scalar_type()), ", ", delta->device().str());
+  check_contiguous(op, "x", x);
+  if (delta != nullptr) check_contiguous(op, "delta", *delta);
+  const int64_t dim = x.dim() > 0 ? x.size(-1) : 0;
+  TORCH_CHECK_VALUE(dim != 0, op, ": x needs a non-empty last dim to normalize, got shape ", list_str(x.sizes()));
+  check_norm_weight(op, weight, x, dim);
+  if (scale) check_scale(op, *scale, x);
+  return dtype;
+}
+
+// The shared body of rms_norm and add_rms_norm; sum_out is defined (and written) with a delta.
+at::Tensor launch_norm(const char* op, const at::Tensor& x, const at::Tensor* delta, const at::Tensor& weight,
+                       double eps, const std::optional<at::Tensor>& scale, const at::Tensor& sum_out, Dtype dtype) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(scale ? at::kFloat8_e4m3fn : x.scalar_type()));
+  const int64_t dim = x.size(-1);
+  const int64_t rows = dim == 0 ? 0 : x.numel() / dim;
+  check_launch(op, cosmos3::rms_norm(x.data_ptr(), delta ? delta->data_ptr() : nullptr, weight.data_ptr(),
+                                     delta ? sum_out.data_ptr() : nullptr, out.data_ptr(),
+                                     scale ? scale->data_ptr<float>() : nullptr, rows, dim, float(eps), dtype,
+                                     at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
+// x: [..., dim]; weight: [dim] -> [..., dim] in x's dtype, or FP8 e4m3 with a scale.
+at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps,
+                         const std::optional<at::Tensor>& scale) {
+  const Dtype dtype = check_norm_args("rms_norm", x, nullptr, weight, scale);
+  return launch_norm("rms_norm", x, nullptr, weight, eps, scale, at::Tensor(), dtype);
+}
+
+// x, delta: [..., dim]; weight: [dim] -> (x + delta, its norm), the norm in x's dtype or FP8 with a scale.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& delta,
+                                                     const at::Tensor& weight, double eps,
+                                                     const std::optional<at::Tensor>& scale) {
+  const Dtype dtype = check_norm_args("add_rms_norm", x, &delta, weight, scale);
+  at::Tensor sum = at::empty_like(x);
+  at::Tensor out = launch_norm("add_rms_norm", x, &delta, weight, eps, scale, sum, dtype);
+  return {sum, out};
+}
+
+// x: [tokens, heads, dim] (heads contiguous); weight: [dim]; cos, sin: [tokens, dim] -> [tokens, heads, dim].
+at::Tensor rms_norm_rope_cuda(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                              const at::Tensor& sin) {
+  constexpr const char* kOp = "rms_norm_rope";
+  const Dtype dtype = input_dtype(kOp, "x", x);
+  TORCH_CHECK_VALUE(x.dim() == 3, kOp, ": x must be [tokens, heads, head_dim], got shape ", list_str(x.sizes()));
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2);
+  TORCH_CHECK_VALUE(dim != 0 && dim % 2 == 0, kOp, ": head_dim must be positive and even (RoPE rotates pairs), got ",
+                    std::to_string(dim));
+  TORCH_CHECK_VALUE(x.stride(2) == 1 && x.stride(1) == dim, kOp, ": each token's heads must be contiguous (strides [*, ",
+                    std::to_string(dim), ", 1]), got strides ", list_str(x.strides()), "; call .contiguous() first");
+  check_norm_weight(kOp, weight, x, dim);
+  for (const auto& [name, table] : {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}}) {
+    TORCH_CHECK_VALUE(table.scalar_type() == x.scalar_type() && table.dim() == 2 && table.size(0) == tokens &&
+                          table.size(1) == dim && table.device() == x.device(),
+                      kOp, ": ", name, " must be [", std::to_string(tokens), ", ", std::to_string(dim), "] ",
+                      c10::toString(x.scalar_type()), " on ", x.device().str(), ", got ", list_str(table.sizes()), " ",
+                      c10::toString(table.scalar_type()), " on ", table.device().str());
+    check_contiguous(kOp, name, table);
+  }
+
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options());  // contiguous, whatever x's token stride
+  check_launch(kOp, cosmos3::rms_norm_rope(x.data_ptr(), x.stride(0), heads, weight.data_ptr(), cos.data_ptr(),
+                                           sin.data_ptr(), out.data_ptr(), tokens, dim, float(eps), dtype,
+                                           at::cuda::getCurrentCUDAStream()));
+  return out;
+}
+
 }  // namespace
 }  // namespace cosmos3
 
@@ -156,6 +246,9 @@ TORCH_LIBRARY_IMPL(cosmos3, CUDA, m) {
   m.impl("silu_and_mul_2in", &cosmos3::silu_and_mul_2in_cuda);
   m.impl("quantize_fp8", &cosmos3::quantize_fp8_cuda);
   m.impl("dequantize_fp8", &cosmos3::dequantize_fp8_cuda);
+  m.impl("rms_norm", &cosmos3::rms_norm_cuda);
+  m.impl("add_rms_norm", &cosmos3::add_rms_norm_cuda);
+  m.impl("rms_norm_rope", &cosmos3::rms_norm_rope_cuda);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from cosmos3.layers.attention_kernels import AttentionKernels
-from cosmos3.layers.linear import Linear, quantize_shared_input, validate_shared_input_scales
+from cosmos3.layers.linear import Linear, quantize_shared_input, shared_input_scale, validate_shared_input_scales
 from cosmos3.layers.norm import RMSNorm
-from cosmos3.layers.rope import apply_rope
 
 # make_linear(checkpoint_name, in_features, out_features, shard_keys) -> Linear
 LinearFactory = Callable[..., Linear]
@@ -60,19 +59,26 @@ class MoTAttention(nn.Module):
             setattr(self, tower.norm_q, RMSNorm(head_dim, eps, dtype))
             setattr(self, tower.norm_k, RMSNorm(head_dim, eps, dtype))
 
+    def _projections(self, tower: Tower) -> list[Linear]:
+        return [getattr(self, name) for name in (tower.q, tower.k, tower.v)]
+
+    def input_scale(self, tower: Tower) -> torch.Tensor | None:
+        """The FP8 scale the norm before ``tower``'s QKV should quantize with (None: 16-bit input)."""
+        return shared_input_scale(self._projections(tower)) if self.split_qkv else None
+
     def _qkv(self, tower: Tower, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """``[S, H]`` -> q ``[S, nh, hd]``, k/v ``[S, nkv, hd]``; QK RMSNorm per head, then RoPE (k, q only)."""
+        """``[S, H]`` (FP8 when ``input_scale`` says so) -> q ``[S, nh, hd]``, k/v ``[S, nkv, hd]``; QK RMSNorm
+        per head and RoPE (q, k) in one kernel each."""
         if self.split_qkv:
-            projections = [getattr(self, name) for name in (tower.q, tower.k, tower.v)]
+            projections = self._projections(tower)
             x_in = quantize_shared_input(x, projections)  # one FP8 tensor for Q, K and V on W8A8 steps
             q, k, v = (proj(x_in) for proj in projections)
         else:
             fused = getattr(self, tower.fused_qkv)
-            q, k, v = fused(x).split(fused.shard_sizes, dim=-1)
-        q = getattr(self, tower.norm_q)(q.reshape(-1, self.num_heads, self.head_dim))
-        k = getattr(self, tower.norm_k)(k.reshape(-1, self.num_kv_heads, self.head_dim))
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+            q, k, v = fused(x).split(fused.shard_sizes, dim=-1)  # column slices: strided tokens
+        q = getattr(self, tower.norm_q).rope(q.reshape(-1, self.num_heads, self.head_dim), cos, sin)
+        k = getattr(self, tower.norm_k).rope(k.reshape(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        return q, k, v.reshape(-1, self.num_kv_heads, self.head_dim)
 
     def und(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """UND causal self-attention; returns the output and this layer's K/V for the cache."""
@@ -89,6 +95,6 @@ class MoTAttention(nn.Module):
     def validate_after_loading(self, where: str) -> None:
         if self.split_qkv:
             for tower in (UND, GEN):
-                group = {name: getattr(self, name) for name in (tower.q, tower.k, tower.v)}
+                group = dict(zip((tower.q, tower.k, tower.v), self._projections(tower), strict=True))
                 validate_shared_input_scales(group, where)
 

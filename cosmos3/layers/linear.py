@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from cosmos3.ops_cpu import FP8
 from cosmos3.quant.base import LinearMethod
 
 
@@ -49,17 +50,24 @@ class Linear(nn.Module):
         return f"in={self.in_features}, out={self.shard_sizes}, method={type(self.quant_method).__name__}"
 
 
-def quantize_shared_input(x: torch.Tensor, linears: Sequence[Linear]) -> torch.Tensor:
-    """Quantize ``x`` once for a group of projections that read it (shared QKV or gate/up).
-
-    Engages only when every member runs static W8A8; on a 16-bit step (or with an ignored,
-    high-precision member) the group gets the 16-bit ``x``. One identical input_scale per
-    group is a load-time invariant (checked in ``validate_shared_input_scales``).
-    """
+def shared_input_scale(linears: Sequence[Linear]) -> torch.Tensor | None:
+    """The FP8 scale ``[1]`` a group of projections that read one input (shared QKV or gate/up) wants it in, so
+    its producer (a norm, swiglu) can emit FP8 straight; None unless every member runs static W8A8 (a 16-bit
+    step, an ignored high-precision member, a fused topology). One identical input_scale per group is a
+    load-time invariant (checked in ``validate_shared_input_scales``)."""
     if all(linear.quant_method.shares_input_quant for linear in linears):
         first = linears[0]
-        return first.quant_method.quantize_input(first, x)
-    return x
+        return first.quant_method.fp8_output_scale(first)
+    return None
+
+
+def quantize_shared_input(x: torch.Tensor, linears: Sequence[Linear]) -> torch.Tensor:
+    """``x`` quantized once for a group that reads it (see ``shared_input_scale``); an FP8 ``x`` (its producer
+    quantized it) or a group that wants 16-bit passes through."""
+    if x.dtype == FP8 or shared_input_scale(linears) is None:
+        return x
+    first = linears[0]
+    return first.quant_method.quantize_input(first, x)
 
 
 def validate_shared_input_scales(linears: dict[str, Linear], where: str) -> None:

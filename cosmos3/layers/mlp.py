@@ -1,7 +1,8 @@
 """SwiGLU MLP: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, fused or split by quantization.
 
-Split (static FP8): gate and up read one FP8 quantization of ``x``; silu·up is emitted in FP8
-straight for ``down_proj`` (``cosmos3.ops.silu_and_mul_2in`` with ``down_proj.input_scale``).
+Split (static FP8): gate and up read one FP8 quantization of ``x`` (made by the norm before, at
+``input_scale``); silu·up is emitted in FP8 straight for ``down_proj`` (``cosmos3.ops.silu_and_mul_2in``
+with ``down_proj.input_scale``).
 On a 16-bit step every one of those sharing sites stands down.
 """
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from cosmos3 import ops
 from cosmos3.layers.attention import LinearFactory
-from cosmos3.layers.linear import quantize_shared_input, validate_shared_input_scales
+from cosmos3.layers.linear import quantize_shared_input, shared_input_scale, validate_shared_input_scales
 
 
 class GatedMLP(nn.Module):
@@ -28,7 +29,12 @@ class GatedMLP(nn.Module):
                                             shard_keys=("gate_proj", "up_proj"))
         self.down_proj = make_linear("down_proj", intermediate_size, hidden_size)
 
+    def input_scale(self) -> torch.Tensor | None:
+        """The FP8 scale the norm before this MLP should quantize with (None: 16-bit input)."""
+        return shared_input_scale([self.gate_proj, self.up_proj]) if self.split_gate_up else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., H]`` (FP8 when ``input_scale`` says so) -> ``[..., H]``."""
         if not self.split_gate_up:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)

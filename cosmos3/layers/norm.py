@@ -1,15 +1,18 @@
 """RMSNorm in fp32: ``x * rsqrt(mean(x^2) + eps) * weight``, rounded once to the input dtype.
 
-One fused kernel on CUDA (``F.rms_norm``); a GEN layer runs four of these per step, and at small
-token counts the eight-kernel unfused form cost more than the layer's attention. diffusers rounds
-the normalized value to bf16 before the weight multiply; we round once (identical in fp32).
+Each use is one ``torch.ops.cosmos3`` kernel together with its neighbours in the layer: ``add`` takes the
+residual add before the norm, ``scale`` the FP8 quantization after it (a norm that feeds static W8A8
+projections), ``rope`` the rotary embedding after a QK norm. A GEN layer at a still's 1,024 tokens ran
+those neighbours as ten kernels of their own; every norm also used to be its own kernel. diffusers rounds the
+normalized value to bf16 before the weight multiply; we round once (identical in fp32).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from cosmos3 import ops
 
 
 class RMSNorm(nn.Module):
@@ -18,5 +21,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """``[..., dim]`` -> ``[..., dim]`` in x's dtype, or FP8 quantized with ``scale``."""
+        return ops.rms_norm(x, self.weight, self.eps, scale=scale)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor, *,
+            scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``x + delta`` ``[..., dim]`` and its norm (FP8 with ``scale``)."""
+        return ops.add_rms_norm(x, delta, self.weight, self.eps, scale=scale)
+
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The norm of each head of ``x`` ``[S, heads, dim]``, rotated by RoPE tables ``[S, dim]`` (rope.py)."""
+        return ops.rms_norm_rope(x, self.weight, self.eps, cos, sin)

@@ -11,7 +11,12 @@ from torch import nn
 
 
 class MRoPE(nn.Module):
-    """Position ids ``[3, S]`` (t, h, w) -> ``cos, signed_sin`` ``[S, head_dim]`` (see ``apply_rope``)."""
+    """Position ids ``[3, S]`` (t, h, w) -> ``cos, signed_sin`` ``[S, head_dim]``.
+
+    Llama-style rotate-half RoPE is ``x * cos + rotate_half(x) * sin``; ``rotate_half(x) * sin`` equals
+    ``roll(x, head_dim / 2) * signed_sin`` with the sign folded into the table once per layout, which is the
+    form ``cosmos3.ops.rms_norm_rope`` computes (fused with the QK norm before it).
+    """
 
     def __init__(self, head_dim: int, theta: float, axes_dim: tuple[int, int, int]):
         super().__init__()
@@ -31,15 +36,6 @@ class MRoPE(nn.Module):
         cos = torch.cat((freqs, freqs), dim=-1).cos()  # [S, hd]
         signed_sin = torch.cat((-freqs, freqs), dim=-1).sin()  # sin(-a) = -sin(a), exactly
         return cos.to(dtype), signed_sin.to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Llama-style rotate-half RoPE; ``x`` ``[S, heads, hd]``, tables ``[S, hd]``.
-
-    ``rotate_half(x) * sin`` equals ``roll(x, hd/2) * signed_sin`` with the sign folded into the
-    table once per layout: three kernels a call instead of five.
-    """
-    return torch.addcmul(x * cos[:, None], x.roll(x.shape[-1] // 2, dims=-1), signed_sin[:, None])
 
 
 def text_positions(length: int) -> torch.Tensor:

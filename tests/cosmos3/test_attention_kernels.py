@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cosmos3 import ops
 from cosmos3.attention_choice import ATTENTION_CHOICES, check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention_kernels import (
@@ -26,7 +27,7 @@ from cosmos3.layers.attention_kernels import (
     power_of_two_scale,
     smooth_keys,
 )
-from cosmos3.layers.rope import MRoPE, apply_rope, grid_positions
+from cosmos3.layers.rope import MRoPE, grid_positions
 
 BF16_BOUND, FP8_BOUND = 0.01, 0.05
 
@@ -46,18 +47,14 @@ def layer_qkv(sq: int, sk: int, *, heads=8, kv_heads=2, hd=64, key_offset=0.0, d
         w = torch.randn(256, heads_out * hd, generator=g, device=device) / 16
         return (x @ w).view(n, heads_out, hd)
 
-    def norm(t):
+    def normed_and_roped(t):  # the model's QK norm and RoPE, one op
         weight = torch.exp(torch.randn(hd, generator=g, device=device) * 0.5 + 0.3)
-        return F.rms_norm(t, (hd,), weight, 1e-6)
-
-    def roped(t):
-        n = t.shape[0]
-        cos, sin = rope(grid_positions((n, 1, 1), 100.0, fps=None, base_fps=24.0, temporal_compression=4),
+        cos, sin = rope(grid_positions((t.shape[0], 1, 1), 100.0, fps=None, base_fps=24.0, temporal_compression=4),
                         torch.float32)
-        return apply_rope(t, cos, sin)
+        return ops.rms_norm_rope(t, weight, 1e-6, cos, sin)
 
-    q = roped(norm(tower(sq, heads)))
-    k = roped(norm(tower(sk, kv_heads))) + key_offset * torch.randn(1, kv_heads, hd, generator=g, device=device)
+    q = normed_and_roped(tower(sq, heads))
+    k = normed_and_roped(tower(sk, kv_heads)) + key_offset * torch.randn(1, kv_heads, hd, generator=g, device=device)
     v = tower(sk, kv_heads)
     return q.bfloat16(), k.bfloat16(), v.bfloat16()
 

@@ -1,0 +1,313 @@
+// RMSNorm over the last dim, fused with its neighbours in a decoder layer: rms_norm takes the residual add
+// before it and the FP8 quantization after it (a layer's input norms feed FP8 projections); rms_norm_rope takes
+// the rotary embedding after it (the QK norm of each head). At a still's 1,024 tokens each of those neighbours
+// was a kernel of its own, ~8 us apiece, 36 layers x 10 of them a forward.
+//
+// Arithmetic, reproduced bit for bit by cosmos3/ops_cpu.py (the reduction order included):
+//   x       = the row, or fp32(a) + fp32(d) rounded to the input dtype with a residual (written to sum_out)
+//   sumsq   = sum of x^2 by fmaf in a fixed order: chunk c (elements 8c .. 8c + 7, the last one maybe short) of
+//             a row belongs to lane c % lanes of the row's lanes (lanes = the power of two >= chunks, at most
+//             32); each lane adds its chunks in order, then the lanes combine by a butterfly (lane l + lane
+//             l ^ o for o = lanes/2 .. 1)
+//   inv     = 1 / sqrt(sumsq / dim + eps), each step correctly rounded (no rsqrtf: the CPU cannot match it)
+//   n       = (x * inv) * w, rounded to the input dtype: F.rms_norm's value, one rounding
+//   rms_norm: out = n, or saturate_fp8(n / scale) (quantize_fp8 of n) with a scale
+//   rms_norm_rope: out[j] = fmaf(n[(j + dim/2) % dim], signed_sin[j], n[j] * cos[j]) rounded to the input
+//             dtype: rotate-half RoPE with its sign in the table (rope.py), dim even
+// Rows whose length and addresses allow it move in 16-byte vectors; any other row element by element, with
+// the same arithmetic in the same order.
+#include <cstdint>
+
+#include "cosmos3_ops.h"
+#include "vec_fp8.cuh"
+
+namespace cosmos3 {
+namespace {
+
+constexpr int kChunk = 8;  // elements a lane handles at once: one 16-byte load of a 16-bit row
+// Four warps a block: rows are independent, so the block size only sets how many rows share an SM's
+// scheduling; 128 threads keep 16 blocks per SM resident, as the map kernels' default row.
+constexpr int kThreads = 128;
+
+__host__ __device__ inline int64_t chunks_of(int64_t dim) { return (dim + kChunk - 1) / kChunk; }
+
+int row_lanes(int64_t dim) {
+  const int64_t chunks = chunks_of(dim);
+  int lanes = 1;
+  while (lanes < chunks && lanes < 32) lanes *= 2;
+  return lanes;
+}
+
+// How many of chunk c's 8 elements the row holds.
+__device__ __forceinline__ int chunk_count(int64_t c, int64_t dim) {
+  const int64_t left = dim - c * kChunk;
+  return left < kChunk ? int(left) : kChunk;
+}
+
+// x rounded to T and back: the value a T tensor would hold.
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+// The first `count` elements of a chunk as fp32 (the rest 0, which adds nothing to a sum of squares): 16-byte
+// loads when kVector (dim % 8 == 0 and every row 16-byte aligned, so count is 8), element loads otherwise.
+template <typename T, bool kVector>
+__device__ __forceinline__ void load_chunk(const T* p, float (&x)[kChunk], int count = kChunk) {
+  if constexpr (kVector) {
+    constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+    for (int h = 0; h < kChunk / kPer; ++h) {
+      const Vec<T, kPer> v = load_vec<T, kPer>(p + h * kPer);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) x[h * kPer + i] = to_float(v.v[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) x[i] = i < count ? to_float(p[i]) : 0.f;
+  }
+}
+
+// Stores the first `count` of 8 fp32 results as Out: in accesses of 16 bytes of input (the row's alignment)
+// when kVector, element by element otherwise.
+template <typename Out, typename In, bool kVector>
+__device__ __forceinline__ void store_chunk(Out* p, const float (&y)[kChunk], int count = kChunk) {
+  if constexpr (kVector) {
+    constexpr int kPer = 16 / sizeof(In);
+#pragma unroll
+    for (int h = 0; h < kChunk / kPer; ++h) {
+      float piece[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) piece[i] = y[h * kPer + i];
+      store_vec<Out, kPer>(p + h * kPer, piece);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const float one[1] = {y[i]};
+      if (i < count) store_vec<Out, 1>(p + i, one);
+    }
+  }
+}
+
+// The row's value as the norm reads it: x, or x + delta rounded to T.
+template <typename T, bool kResidual, bool kVector>
+__device__ __forceinline__ void load_row_chunk(const T* x, const T* delta, int64_t at, float (&v)[kChunk],
+                                               int count) {
+  load_chunk<T, kVector>(x + at, v, count);
+  if constexpr (kResidual) {
+    float d[kChunk];
+    load_chunk<T, kVector>(delta + at, d, count);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) v[i] = round_to<T>(__fadd_rn(v[i], d[i]));
+  }
+}
+
+// The butterfly over a row's lanes; every lane of the warp takes part (rows past the end with zeros), and
+// every lane of a row ends with the same bits (fp32 addition commutes).
+__device__ __forceinline__ float row_sum(float acc, int lanes) {
+  for (int o = lanes / 2; o > 0; o /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  return acc;
+}
+
+__device__ __forceinline__ float inverse_rms(float sumsq, int64_t dim, float eps) {
+  return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, float(dim)), eps)));
+}
+
+template <typename T, bool kVector>
+__device__ __forceinline__ void normalize_chunk(const float (&x)[kChunk], const T* weight, float inv,
+                                                float (&n)[kChunk], int count) {
+  float w[kChunk];
+  load_chunk<T, kVector>(weight, w, count);
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) n[i] = round_to<T>(__fmul_rn(__fmul_rn(x[i], inv), w[i]));
+}
+
+// Lane `lane` of the row at thread `thread`: rows are packed 32 / lanes to a warp.
+struct RowLane {
+  int64_t row;
+  int lane;
+};
+__device__ __forceinline__ RowLane row_lane(int lanes) {
+  const int64_t thread = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  return {thread / lanes, int(thread % lanes)};
+}
+
+template <typename T, typename Out, bool kResidual, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
+                    T* __restrict__ sum_out, Out* __restrict__ out, const float* __restrict__ scale, int64_t rows,
+                    int64_t dim, int lanes, float eps) {
+  const auto [row, lane] = row_lane(lanes);
+  const bool valid = row < rows;
+  const int64_t chunks = chunks_of(dim);
+  float acc = 0.f;
+  if (valid) {
+    // Unrolled so several chunks' loads are in flight together (a Nano row is 16 chunks a lane); the fmaf
+    // chain keeps its order.
+#pragma unroll 4
+    for (int64_t c = lane; c < chunks; c += lanes) {
+      const int64_t at = row * dim + c * kChunk;
+      const int count = chunk_count(c, dim);
+      float v[kChunk];
+      load_row_chunk<T, kResidual, kVector>(x, delta, at, v, count);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) acc = __fmaf_rn(v[i], v[i], acc);
+      if constexpr (kResidual) store_chunk<T, T, kVector>(sum_out + at, v, count);
+    }
+  }
+  const float inv = inverse_rms(row_sum(acc, lanes), dim, eps);
+  if (!valid) return;
+  const Divisor s = scale == nullptr ? Divisor{1.f, 1.f} : make_divisor(*scale);
+  // The second pass reads the inputs again (the row was just read: L1 or L2), never sum_out: __ldg may not
+  // read what this kernel wrote.
+#pragma unroll 4
+  for (int64_t c = lane; c < chunks; c += lanes) {
+    const int64_t at = row * dim + c * kChunk;
+    const int count = chunk_count(c, dim);
+    float v[kChunk], n[kChunk];
+    load_row_chunk<T, kResidual, kVector>(x, delta, at, v, count);
+    normalize_chunk<T, kVector>(v, weight + c * kChunk, inv, n, count);
+    if constexpr (std::is_same_v<Out, __nv_fp8_e4m3>) {
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) n[i] = divide(n[i], s);
+    }
+    store_chunk<Out, T, kVector>(out + at, n, count);
+  }
+}
+
+// The normalized values, at the elements dim / 2 away, that rotate-half pairs with chunk c's: one chunk
+// when dim % 16 == 0 (kVector), else element by element.
+template <typename T, bool kVector>
+__device__ __forceinline__ void partner_chunk(const T* xr, const T* weight, int64_t c, int64_t dim, float inv,
+                                              float (&np)[kChunk], int count) {
+  if constexpr (kVector) {
+    const int64_t partner = (c + chunks_of(dim) / 2) % chunks_of(dim);
+    float p[kChunk];
+    load_chunk<T, kVector>(xr + partner * kChunk, p);
+    normalize_chunk<T, kVector>(p, weight + partner * kChunk, inv, np, kChunk);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      const int64_t j = (c * kChunk + i + dim / 2) % dim;
+      np[i] = i < count ? round_to<T>(__fmul_rn(__fmul_rn(to_float(xr[j]), inv), to_float(weight[j]))) : 0.f;
+    }
+  }
+}
+
+// x: [S, heads, dim] with rows (one head of one token) at x + s * stride + h * dim; cos, sin: [S, dim];
+// out: [S, heads, dim] contiguous.
+template <typename T, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_rope_kernel(const T* __restrict__ x, int64_t stride, int64_t heads, const T* __restrict__ weight,
+                         const T* __restrict__ cos, const T* __restrict__ sin, T* __restrict__ out, int64_t rows,
+                         int64_t dim, int lanes, float eps) {
+  const auto [row, lane] = row_lane(lanes);
+  const bool valid = row < rows;
+  const int64_t chunks = chunks_of(dim);
+  const int64_t token = row / heads;
+  const T* xr = x + token * stride + (row % heads) * dim;
+  float acc = 0.f;
+  if (valid) {
+    for (int64_t c = lane; c < chunks; c += lanes) {
+      float v[kChunk];
+      load_chunk<T, kVector>(xr + c * kChunk, v, chunk_count(c, dim));
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) acc = __fmaf_rn(v[i], v[i], acc);
+    }
+  }
+  const float inv = inverse_rms(row_sum(acc, lanes), dim, eps);
+  if (!valid) return;
+  for (int64_t c = lane; c < chunks; c += lanes) {
+    const int count = chunk_count(c, dim);
+    float v[kChunk], n[kChunk], np[kChunk], co[kChunk], si[kChunk], y[kChunk];
+    load_chunk<T, kVector>(xr + c * kChunk, v, count);
+    normalize_chunk<T, kVector>(v, weight + c * kChunk, inv, n, count);
+    partner_chunk<T, kVector>(xr, weight, c, dim, inv, np, count);
+    load_chunk<T, kVector>(cos + token * dim + c * kChunk, co, count);
+    load_chunk<T, kVector>(sin + token * dim + c * kChunk, si, count);
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) y[i] = __fmaf_rn(np[i], si[i], __fmul_rn(n[i], co[i]));
+    store_chunk<T, T, kVector>(out + row * dim + c * kChunk, y, count);
+  }
+}
+
+int64_t blocks_for(int64_t rows, int lanes) { return (rows * lanes + kThreads - 1) / kThreads; }
+
+template <typename T, typename Out, bool kResidual>
+cudaError_t launch_rms_norm(const T* x, const T* delta, const T* weight, T* sum_out, Out* out, const float* scale,
+                            int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  const int lanes = row_lanes(dim);
+  const int64_t blocks = blocks_for(rows, lanes);
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  // With dim % 8 == 0, 16-byte aligned bases keep every chunk aligned.
+  const bool vector = dim % kChunk == 0 && aligned_to(x, 16) && (!kResidual || (aligned_to(delta, 16) && aligned_to(sum_out, 16))) &&
+                      aligned_to(weight, 16) && aligned_to(out, 16);
+  if (vector) {
+    rms_norm_kernel<T, Out, kResidual, true>
+        <<<int(blocks), kThreads, 0, stream>>>(x, delta, weight, sum_out, out, scale, rows, dim, lanes, eps);
+  } else {
+    rms_norm_kernel<T, Out, kResidual, false>
+        <<<int(blocks), kThreads, 0, stream>>>(x, delta, weight, sum_out, out, scale, rows, dim, lanes, eps);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, typename Out>
+cudaError_t dispatch_residual(const T* x, const T* delta, const T* weight, T* sum_out, Out* out,
+                              const float* scale, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  return delta == nullptr ? launch_rms_norm<T, Out, false>(x, delta, weight, sum_out, out, scale, rows, dim, eps,
+                                                           stream)
+                          : launch_rms_norm<T, Out, true>(x, delta, weight, sum_out, out, scale, rows, dim, eps,
+                                                          stream);
+}
+
+}  // namespace
+
+cudaError_t rms_norm(const void* x, const void* delta, const void* weight, void* sum_out, void* out,
+                     const float* scale, int64_t rows, int64_t dim, float eps, Dtype dtype, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  return dispatch_input_dtype(dtype, [&](auto type) -> cudaError_t {
+    using T = decltype(type);
+    const auto* xt = static_cast<const T*>(x);
+    const auto* dt = static_cast<const T*>(delta);
+    const auto* wt = static_cast<const T*>(weight);
+    auto* st = static_cast<T*>(sum_out);
+    if (scale != nullptr) {
+      return dispatch_residual(xt, dt, wt, st, static_cast<__nv_fp8_e4m3*>(out), scale, rows, dim, eps, stream);
+    }
+    return dispatch_residual(xt, dt, wt, st, static_cast<T*>(out), scale, rows, dim, eps, stream);
+  });
+}
+
+cudaError_t rms_norm_rope(const void* x, int64_t stride, int64_t heads, const void* weight, const void* cos,
+                          const void* sin, void* out, int64_t tokens, int64_t dim, float eps, Dtype dtype,
+                          cudaStream_t stream) {
+  const int64_t rows = tokens * heads;
+  if (rows == 0) return cudaSuccess;
+  return dispatch_input_dtype(dtype, [&](auto type) -> cudaError_t {
+    using T = decltype(type);
+    const int lanes = row_lanes(dim);
+    const int64_t blocks = blocks_for(rows, lanes);
+    if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+    const auto* xt = static_cast<const T*>(x);
+    const auto* wt = static_cast<const T*>(weight);
+    const auto* ct = static_cast<const T*>(cos);
+    const auto* st = static_cast<const T*>(sin);
+    auto* ot = static_cast<T*>(out);
+    // Rows start at multiples of dim and of the token stride: with dim % 16 == 0 (whole partner chunks),
+    // aligned bases and an aligned stride keep every chunk aligned.
+    const bool vector = dim % (2 * kChunk) == 0 && aligned_to(x, 16) && (stride * int64_t(sizeof(T))) % 16 == 0 && aligned_to(weight, 16) &&
+                        aligned_to(cos, 16) && aligned_to(sin, 16) && aligned_to(out, 16);
+    if (vector) {
+      rms_norm_rope_kernel<T, true>
+          <<<int(blocks), kThreads, 0, stream>>>(xt, stride, heads, wt, ct, st, ot, rows, dim, lanes, eps);
+    } else {
+      rms_norm_rope_kernel<T, false>
+          <<<int(blocks), kThreads, 0, stream>>>(xt, stride, heads, wt, ct, st, ot, rows, dim, lanes, eps);
+    }
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace cosmos3
