@@ -1,4 +1,5 @@
-"""Typed views of a Cosmos3 ``transformer/config.json`` and its ``quantization_config``.
+"""Typed views of a Cosmos3 ``transformer/config.json`` and its ``quantization_config``, and of the configs of
+its VAE (``vae/config.json``) and sound tokenizer.
 
 This module is torch-free so the farm driver can validate manifests against a checkpoint
 without a GPU stack. Values we cannot run exactly are refused here, once, with the fix.
@@ -306,6 +307,45 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
         sampling_rate=_positive_int(raw, "sampling_rate", path), hop_size=hop,
         channels=_positive_int(raw, "dec_out_channels", path),
     ))
+
+
+VAE_DIR = "vae"
+VAE_CLASS = "AutoencoderKLWan"
+
+
+@dataclass(frozen=True)
+class VAEConfig:
+    """What the pipeline and the request rules take from ``vae/config.json``, read without diffusers: the one
+    reader behind ``farm validate``, the request rules and a worker's start checks."""
+
+    z_dim: int  # latent channels; the transformer's latent_channel must match
+    spatial_factor: int  # scale_factor_spatial: width and height are multiples of it
+    temporal_factor: int  # scale_factor_temporal: a clip has temporal_factor*k + 1 frames
+    latents_mean: tuple[float, ...]  # z_dim entries: the transformer sees (mu - latents_mean) / latents_std
+    latents_std: tuple[float, ...]  # z_dim entries
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> VAEConfig:
+        """Parse strictly: every field present and typed, latents_mean and latents_std with z_dim entries each."""
+        path = Path(path)
+        raw = _read_json(path, f"missing (a {VAE_DIR}/ folder needs its {VAE_CLASS} config)")
+        if not isinstance(raw, dict) or raw.get("_class_name", VAE_CLASS) != VAE_CLASS:
+            found = raw.get("_class_name") if isinstance(raw, dict) else type(raw).__name__
+            raise ConfigError(f"{path}: expected a {VAE_CLASS} config, got {found!r}")
+        z_dim = _positive_int(raw, "z_dim", path)
+        mean, std = _numbers(raw, "latents_mean", path), _numbers(raw, "latents_std", path)
+        if len(mean) != z_dim or len(std) != z_dim:
+            raise ConfigError(f"{path}: latents_mean and latents_std need z_dim={z_dim} entries each, "
+                              f"got {len(mean)} and {len(std)}")
+        return cls(z_dim, _positive_int(raw, "scale_factor_spatial", path),
+                   _positive_int(raw, "scale_factor_temporal", path), mean, std)
+
+
+def _numbers(raw: dict, key: str, path: Path) -> tuple[float, ...]:
+    value = raw.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        raise ConfigError(f"{path}: {key}={value!r} must be a list of numbers")
+    return tuple(float(v) for v in value)
 
 
 def _check_field(name: str, kind: Any, value: Any) -> Any:

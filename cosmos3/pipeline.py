@@ -9,6 +9,9 @@ GEN passes, get the same guidance and their own scheduler, and decode to a float
     pipe = Cosmos3Pipeline.from_pretrained("/ckpt/Cosmos3-Nano", device="cuda")
     out = pipe(RenderRequest(task="t2v", prompt="..."), callback=lambda i, n: ...)
     out.frames, out.fps, out.sound, out.sampling_rate, out.timings, out.info
+
+``from_pretrained(..., vae_load="background")`` (a render worker's) returns before the VAE is built; the first
+job waits for it (``timings["vae_wait"]``).
 """
 
 from __future__ import annotations
@@ -19,14 +22,14 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import torch
 
 from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
-from cosmos3.config import SOUND_TOKENIZER_DIR, SoundSupport, read_sound_support
+from cosmos3.config import SOUND_TOKENIZER_DIR, VAE_DIR, SoundSupport, read_sound_support
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.load_options import Precision
@@ -42,18 +45,22 @@ from cosmos3.request import (
 )
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
 from cosmos3.timing import Clock, MemoryProbe
-from cosmos3.vae import WanVAE
+from cosmos3.vae import DIFFUSERS_IMPORT, VAEBuild, WanVAE
 
 __all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
 
-COMPONENTS = ("model_index.json", "transformer", "vae", "text_tokenizer", "scheduler")
+COMPONENTS = ("model_index.json", "transformer", VAE_DIR, "text_tokenizer", "scheduler")
+VAELoad = Literal["eager", "background"]  # from_pretrained's vae_load
+VAE_LOADS = get_args(VAELoad)
 
 
 @dataclass
 class RenderOutput:
     frames: np.ndarray  # uint8 [T, H, W, 3]
     fps: float
-    timings: dict  # seconds: tokenize, encode (None without conditioning), und, steps (one per step), decode, total
+    # seconds: vae_wait (for the VAE's build), tokenize, vae_encode (None without conditioning), und, steps (one
+    # per step), vae_decode, total
+    timings: dict
     info: dict  # precision, step_policy, checkpoint, scheduler, seed, sound and the resolved job
     memory: dict  # MemoryProbe.report(): peak GPU bytes per stage and for the job (None on CPU)
     sound: np.ndarray | None = None  # float32 waveform [channels, N], N = frames / fps * sampling_rate
@@ -117,7 +124,7 @@ class Cosmos3Pipeline:
         self,
         *,
         model,
-        vae: WanVAE,
+        vae: VAEBuild,
         tokenizer: PromptTokenizer,
         recipe: SamplingRecipe,
         checkpoint: dict,
@@ -126,22 +133,34 @@ class Cosmos3Pipeline:
         sound: SoundSupport | None = None,
         sound_tokenizer: SoundTokenizer | None = None,
     ):
-        if model.config.latent_channel != vae.z_dim:
+        if model.config.latent_channel != vae.config.z_dim:
             raise CheckpointError(
-                f"transformer latent_channel={model.config.latent_channel} does not match vae z_dim={vae.z_dim}"
+                f"transformer latent_channel={model.config.latent_channel} does not match vae z_dim={vae.config.z_dim} "
+                f"({vae.path / 'config.json'}): the VAE must encode the latents this transformer denoises"
             )
         self.model = model
-        self.vae = vae
+        self._vae = vae
         self.tokenizer = tokenizer
         self.recipe = recipe
         self.checkpoint = checkpoint
         self.device = device
         self.dtype = dtype
         self.sound = sound or NO_SOUND
-        # The request rules, with the VAE's factors from the loaded VAE (the farm reads the same vae/config.json).
-        self.rules = RequestRules(recipe, vae.spatial_factor, vae.temporal_factor, self.sound)
+        # The request rules, with the VAE's factors from its config.json, read as the farm reads it (VAEConfig).
+        self.rules = RequestRules(recipe, vae.config.spatial_factor, vae.config.temporal_factor, self.sound)
         self.sound_tokenizer = sound_tokenizer
-        self.load_timings: dict = {}  # from_pretrained's seconds per stage of the load
+        self._load_timings: dict = {}  # from_pretrained's seconds per stage of the load
+
+    @property
+    def vae(self) -> WanVAE:
+        """The VAE; waits for its build while that runs. Raises VAELoadError when the build failed."""
+        return self._vae.result()
+
+    @property
+    def load_timings(self) -> dict:
+        """from_pretrained's seconds (and bytes) per stage; ``vae`` is the VAE build's own seconds, None while a
+        background build runs, and ``total`` the time until from_pretrained returned."""
+        return {**self._load_timings, "vae": self._vae.seconds}
 
     @classmethod
     def from_pretrained(
@@ -155,6 +174,7 @@ class Cosmos3Pipeline:
         parallel: dict[str, int] | None = None,
         cuda_graphs: bool = True,
         model=None,
+        vae_load: VAELoad = "eager",
     ) -> Cosmos3Pipeline:
         """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU. The VAE runs in ``dtype`` on
         CUDA (as diffusers' pipeline does when loaded in bf16: a Nano clip's decode 9.9 s and 26.9 GiB peak in bf16
@@ -164,9 +184,18 @@ class Cosmos3Pipeline:
         ``step_precision``, ``attention`` and ``parallel`` are ``cosmos3.load_options.LoadOptions``
         (checked by ``load_transformer``). ``model``: a transformer to drive instead of loading ours (FP8
         calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop).
+
+        The VAE builds in a thread started before the transformer loads, so diffusers' import overlaps the
+        checkpoint read. ``vae_load="eager"`` (the default) returns with it built, and raises its VAELoadError.
+        ``"background"`` (the farm's workers) returns as soon as the transformer, tokenizer, recipe and sound
+        tokenizer are ready; each job waits for the build first (``timings["vae_wait"]``), and raises VAELoadError
+        if it failed. Either way what needs no diffusers fails here: ``vae/`` is checked before anything loads
+        (``cosmos3.vae.check_vae_dir``: config.json, the weights' header), its z_dim once the transformer is.
         """
         root = Path(checkpoint_dir)
         _check_layout(root)
+        if vae_load not in VAE_LOADS:
+            raise ValueError(f"vae_load={vae_load!r}: expected one of {', '.join(VAE_LOADS)}")
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         clock = Clock(device)
@@ -174,7 +203,7 @@ class Cosmos3Pipeline:
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         timings = {"ops": ops_seconds}
-        vae_import = WanVAE.prefetch_import()  # while the transformer's checkpoint is read
+        vae = VAEBuild(root / VAE_DIR, device=device, dtype=dtype if device.type == "cuda" else torch.float32)
         if model is None:
             model = load_transformer(root, device=device, dtype=dtype, precision=precision,
                                      step_precision=step_precision, attention=attention, parallel=parallel)
@@ -188,15 +217,12 @@ class Cosmos3Pipeline:
                 "checkpoint_bytes": read["bytes"],
                 "checkpoint_gb_per_s": read["bytes"] / read["read"] / 1e9 if read["read"] > 0 else None,
             }
-        model_done = clock()
-        vae_import.join()
-        vae_dtype = dtype if device.type == "cuda" else torch.float32
-        vae = WanVAE.from_pretrained(root / "vae", device=device, dtype=vae_dtype)
-        vae_done = clock()
         sound = read_sound_support(root, model.config)
         sound_tokenizer = None
         if sound.config is not None:
-            sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config, device=device)
+            with DIFFUSERS_IMPORT:  # not beside the VAE thread's import of diffusers
+                sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config,
+                                                                 device=device)
         pipe = cls(
             model=model,
             vae=vae,
@@ -208,7 +234,9 @@ class Cosmos3Pipeline:
             sound=sound,
             sound_tokenizer=sound_tokenizer,
         )
-        pipe.load_timings = {**timings, "vae": vae_done - model_done, "total": clock() - started}
+        if vae_load == "eager":
+            vae.result()  # waits for the build; raises its VAELoadError
+        pipe._load_timings = {**timings, "total": clock() - started}
         return pipe
 
     # -- stages ------------------------------------------------------------------------------------
@@ -271,8 +299,12 @@ class Cosmos3Pipeline:
     def __call__(self, request: RenderRequest, callback: Callable[[int, int], None] | None = None) -> RenderOutput:
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
+        plan = resolve(request, self.rules)  # a refused request is the request's fault: it never waits for the VAE
+        # Before the job's first device work: a VAE still loading while the first steps capture CUDA graphs would
+        # break the capture (CUDA refuses other threads' allocations then), and would count in this job's memory.
+        vae_wait = self._vae.wait()
+        vae = self.vae  # raises VAELoadError when the build failed
         memory.start()
-        plan = resolve(request, self.rules)
         ids = self._token_ids(plan)
         tokenized = clock()
 
@@ -314,14 +346,15 @@ class Cosmos3Pipeline:
         if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
             torch.cuda.empty_cache()
         decode_start = clock()
-        frames = to_uint8_frames(self.vae.decode(latents))  # [T, H, W, 3]
+        frames = to_uint8_frames(vae.decode(latents))  # [T, H, W, 3]
         waveform = None
         if sound is not None:  # the decoder rounds up to whole hops; the clip's duration is plan.sound_samples
             waveform = self.sound_tokenizer.decode(sound)[:, : plan.sound_samples].cpu().numpy()  # [ch, N]
         end = clock()
         memory.mark("vae_decode")
         timings = {
-            "tokenize": tokenized - start,
+            "vae_wait": vae_wait,  # 0.0 once the VAE is built
+            "tokenize": tokenized - start - vae_wait,  # the request's checks and its token ids
             "vae_encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,
             "steps": step_times,
@@ -330,7 +363,7 @@ class Cosmos3Pipeline:
         }
         return RenderOutput(
             frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler),
-            memory={**memory.report(), "vae_decode_tiled": self.vae.last_decode_tiled},
+            memory={**memory.report(), "vae_decode_tiled": vae.last_decode_tiled},
             sound=waveform, sampling_rate=None if waveform is None else self.sound.config.sampling_rate,
         )
 

@@ -9,14 +9,13 @@ passes ``farm validate`` is one a worker renders.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.config import Cosmos3Config, SoundSupport, read_sound_support
-from cosmos3.errors import CheckpointError, PipelineError, Problem
+from cosmos3.config import VAE_DIR, Cosmos3Config, SoundSupport, VAEConfig, read_sound_support
+from cosmos3.errors import PipelineError, Problem
 from cosmos3.sampling import SamplingRecipe, load_recipe
 
 TASKS = ("t2v", "t2i", "i2v", "v2v")
@@ -105,13 +104,8 @@ class RequestRules:
         """
         if transformer is None:
             transformer = Cosmos3Config.from_json(Path(root) / "transformer" / "config.json")
-        path = Path(root) / "vae" / "config.json"
-        try:
-            vae = json.loads(path.read_text())
-            spatial, temporal = int(vae["scale_factor_spatial"]), int(vae["scale_factor_temporal"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{path}: cannot read the VAE's scale_factor_spatial/temporal ({err!r})") from None
-        return cls(load_recipe(root), spatial, temporal, read_sound_support(root, transformer))
+        vae = VAEConfig.from_json(Path(root) / VAE_DIR / "config.json")
+        return cls(load_recipe(root), vae.spatial_factor, vae.temporal_factor, read_sound_support(root, transformer))
 
 
 @dataclass(frozen=True)

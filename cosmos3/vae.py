@@ -4,81 +4,85 @@ The transformer sees *normalised* latents, ``(mu - latents_mean) / latents_std``
 ``mu`` the posterior mode (no sampling), as the published pipeline encodes (reference §2.3).
 The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames ``<= 4k`` and decoded
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
+
+``VAEBuild`` builds one in a thread, so a pipeline can be ready before diffusers' import (5-6 s on the CPU
+machine, 12-17 s on the H200 host) and the weights are; what can be checked without diffusers is checked first,
+in the caller (``check_vae_dir``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
+import time
 from pathlib import Path
 
 import torch
 
-from cosmos3.errors import CheckpointError
+from cosmos3.checkpoint_header import read_header
+from cosmos3.config import VAEConfig
+from cosmos3.errors import CheckpointError, VAELoadError
 
+WEIGHTS = "diffusion_pytorch_model.safetensors"
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
 # in bf16 on the H200 (benchmarks/results/h200-2026-12-01-render.md): ~138 and ~68 bytes per output pixel; per
 # byte of the VAE's dtype, rounded up.
 UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
+# Held while diffusers' modules import: its lazy modules are not safe to import from two threads at once (with
+# torch imported, a `from diffusers import Cosmos3AVAEAudioTokenizer` started 0-2 s after another thread's
+# `from diffusers import AutoencoderKLWan` raised ImportError in 5 runs out of 5, diffusers 0.42 on Python 3.11).
+DIFFUSERS_IMPORT = threading.Lock()
+
+
+def check_vae_dir(path: Path) -> VAEConfig:
+    """``config.json`` parsed and the weights' safetensors header read whole: every check of ``vae/`` that needs
+    no diffusers. Raises ConfigError / CheckpointError naming the file."""
+    config = VAEConfig.from_json(path / "config.json")
+    weights = path / WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: no {WEIGHTS} (the VAE's weights)")
+    read_header(weights)  # a truncated or overwritten file fails here, not in diffusers
+    return config
 
 
 class WanVAE:
     """Pixels ``[3, T, H, W]`` in ``[-1, 1]`` <-> normalised latents ``[C, T', H', W']``."""
 
-    def __init__(self, vae):
+    def __init__(self, vae, config: VAEConfig):
         self.vae = vae
-        config = vae.config
-        self.z_dim = int(config.z_dim)
-        self.spatial_factor = int(config.scale_factor_spatial)
-        self.temporal_factor = int(config.scale_factor_temporal)
-        if len(config.latents_mean) != self.z_dim or len(config.latents_std) != self.z_dim:
-            raise CheckpointError(
-                f"vae/config.json: latents_mean and latents_std need z_dim={self.z_dim} entries each, "
-                f"got {len(config.latents_mean)} and {len(config.latents_std)}"
-            )
+        self.z_dim = config.z_dim
+        self.spatial_factor = config.spatial_factor
+        self.temporal_factor = config.temporal_factor
         param = next(vae.parameters())
         self.mean = torch.tensor(config.latents_mean, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
         self.force_tiling: bool | None = None  # None: decide by free memory; True / False: always / never tile
         self.last_decode_tiled: bool | None = None
 
-    @staticmethod
-    def prefetch_import() -> threading.Thread:
-        """Start importing diffusers' VAE module in a thread, and return it. The import is most of the VAE's
-        load (5-8 s of Python module set-up on the CPU machine) and needs only the interpreter, so it can run
-        while the transformer's checkpoint read waits on the disk and the copies. Failures are left to
-        ``from_pretrained``'s own import, which reports them."""
-
-        def run() -> None:
-            with contextlib.suppress(Exception):
-                from diffusers import AutoencoderKLWan  # noqa: F401
-
-        thread = threading.Thread(target=run, name="import-diffusers-vae", daemon=True)
-        thread.start()
-        return thread
-
     @classmethod
     def from_pretrained(cls, path: str | Path, *, device: torch.device, dtype: torch.dtype = torch.float32) -> WanVAE:
-        from diffusers import AutoencoderKLWan
+        path = Path(path)
+        return cls.build(path, check_vae_dir(path), device=device, dtype=dtype)
+
+    @classmethod
+    def build(cls, path: Path, config: VAEConfig, *, device: torch.device, dtype: torch.dtype) -> WanVAE:
+        """The VAE of a ``vae/`` that ``check_vae_dir`` passed (its result is ``config``). Weights that do not match
+        the config (a missing, unknown or misshapen tensor, which only diffusers' model knows) are a CheckpointError."""
+        with DIFFUSERS_IMPORT:
+            from diffusers import AutoencoderKLWan
         from safetensors.torch import load_file
 
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{path}: no config.json (is this the checkpoint's vae/ dir?)")
-        weights = path / "diffusion_pytorch_model.safetensors"
-        if not weights.is_file():
-            raise CheckpointError(f"{path}: no diffusion_pytorch_model.safetensors (the VAE's weights)")
         # Built on the meta device, then given the file's tensors read straight onto `device`. diffusers'
         # from_pretrained without `accelerate` (not a dependency) first initialises every parameter on the CPU
         # and then copies: 15.5 s of a Nano worker's start on the H200 (benchmarks/results/h200-2026-12-01-render.md).
         with torch.device("meta"):
             vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(path)))
+        weights = path / WEIGHTS
         state = {k: v.to(dtype) for k, v in load_file(weights, device=str(device)).items()}
         try:
             vae.load_state_dict(state, strict=True, assign=True)
         except RuntimeError as err:  # a missing, unknown or misshapen tensor
             raise CheckpointError(f"{weights}: does not match vae/config.json: {err}") from None
-        return cls(vae.eval())
+        return cls(vae.eval(), config)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -122,3 +126,44 @@ class WanVAE:
         free, _ = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return untiled_bytes > free + cached
+
+
+class VAEBuild:
+    """A ``WanVAE`` built in a thread. ``config`` (``vae/config.json``) is known at once; ``result()`` waits for the
+    VAE; ``seconds`` is the build's own duration, diffusers' import included (None until it has ended)."""
+
+    def __init__(self, path: Path, *, device: torch.device, dtype: torch.dtype):
+        """Runs ``check_vae_dir`` in the caller, so what it finds raises here, then starts the build."""
+        self.path = path
+        self.config = check_vae_dir(path)
+        self.seconds: float | None = None
+        self._vae: WanVAE | None = None
+        self._error: Exception | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._build, args=(device, dtype), name="build-vae", daemon=True).start()
+
+    def _build(self, device: torch.device, dtype: torch.dtype) -> None:
+        started = time.perf_counter()
+        try:
+            self._vae = WanVAE.build(self.path, self.config, device=device, dtype=dtype)
+        except Exception as err:  # kept for result(), which raises it where the VAE is needed
+            self._error = err
+        finally:
+            self.seconds = time.perf_counter() - started
+            self._done.set()
+
+    def wait(self) -> float:
+        """Blocks until the build has ended; returns the seconds it blocked, 0.0 when it had ended already."""
+        if self._done.is_set():
+            return 0.0
+        started = time.perf_counter()
+        self._done.wait()
+        return time.perf_counter() - started
+
+    def result(self) -> WanVAE:
+        """The VAE, once built. Raises VAELoadError, at every call, when the build failed."""
+        self.wait()
+        if self._error is not None:
+            raise VAELoadError(f"{self.path}: the VAE did not build: "
+                               f"{type(self._error).__name__}: {self._error}") from self._error
+        return self._vae

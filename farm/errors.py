@@ -50,6 +50,11 @@ class WorkerConfigError(FarmError):
     """A worker refuses to start because its node is not set up as the farm assigned it (e.g. GPU visibility)."""
 
 
+class WorkerStartError(FarmError):
+    """A worker's start failed after it reported ready: what its renderer loads in the background (the VAE) did
+    not load, so it can render nothing. Raised from the job that found out; the job is not to blame."""
+
+
 class StorageFault(FarmError):
     """Storage could not take a write: no space (ENOSPC), read-only, gone. The attempt fails; the worker that
     tried is not to blame, so it is not retired for it."""

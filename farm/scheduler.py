@@ -13,7 +13,11 @@ Failure policies (reference/farm-anchors.md §6):
 - a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU); storage faults
   (ENOSPC, a read-only or vanished root: `StorageFault`) fail the attempt but do not count towards retiring;
 - a worker that fails to start is started again, until RETIRE_AFTER starts in a row failed, or the run's
-  init-failure budget is spent, so one bad GPU neither stops the run nor loops forever;
+  init-failure budget is spent, so one bad GPU neither stops the run nor loops forever. A start can also fail
+  after `ready()`: a worker's pipeline builds its VAE in the background, and a build that failed raises
+  `WorkerStartError` from the job that needed it. That job goes back to pending as if never dispatched (its
+  attempt not counted, no worker avoided) and the worker counts as failed to start; so a start counts as good,
+  and its slot's failed starts in a row go back to 0, only once the worker has finished a job;
 - Ctrl-C kills the workers and puts in-flight jobs back as pending: nothing half-written is kept.
 
 The pool grows while jobs are pending: GPUs of nodes that join mid-run get workers of their own (`capacity`).
@@ -33,7 +37,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cosmos3.errors import ConfigError, PipelineError
 from farm import lease, storage
-from farm.errors import OutputPathError, StorageFault
+from farm.errors import OutputPathError, StorageFault, WorkerStartError
 from farm.events import RunLog
 from farm.job import Job, JobState
 from farm.metrics import RunMetrics
@@ -197,7 +201,6 @@ class Scheduler:
         except RayError as err:
             self._start_failed(slot, describe(err))
             return
-        slot.failed_starts = 0
         self.idle.append(slot)
         self.log.emit("worker_ready", **slot.identity)
         if slot.identity.get("gpu") and slot.identity.get("device") == "cpu":
@@ -206,8 +209,10 @@ class Scheduler:
     def _on_result(self, attempt: Attempt, ref: ray.ObjectRef) -> None:
         try:
             result = ray.get(ref)
-        except RayTaskError as err:  # the job raised; its worker is fine
-            if isinstance(err.cause, USER_ERRORS):
+        except RayTaskError as err:  # the job raised; its worker is alive
+            if isinstance(err.cause, WorkerStartError):
+                self._start_failed_in_job(attempt, describe(err))
+            elif isinstance(err.cause, USER_ERRORS):
                 self._refused(attempt, describe(err))
             else:
                 # Full or lost storage is no sign of a bad worker: it must not retire for it.
@@ -243,6 +248,7 @@ class Scheduler:
     def _succeeded(self, attempt: Attempt, result: dict) -> None:
         slot, job = attempt.slot, attempt.job
         slot.failed_jobs.clear()
+        slot.failed_starts = 0  # its start is proven: what it loaded after ready() has rendered
         self.idle.append(slot)
         seconds = time.monotonic() - attempt.started
         figures = result["figures"]
@@ -259,6 +265,15 @@ class Scheduler:
         self.metrics.job_failed()
         self.log.emit("job_failed", key=job.key, attempt=attempt.number, slot=slot.index, error=error, refused=True)
         self.idle.append(slot)
+
+    def _start_failed_in_job(self, attempt: Attempt, error: str) -> None:
+        """The worker's start failed under this job: the job goes back to pending as if never dispatched (its
+        attempt number is given back, no worker is avoided for it) and the worker is a failed start."""
+        job = attempt.job
+        self.attempts[job.key] -= 1
+        self._requeue(job)
+        self.log.emit("job_requeued", key=job.key, attempt=attempt.number, slot=attempt.slot.index, error=error)
+        self._start_failed(attempt.slot, error)
 
     def _attempt_failed(self, attempt: Attempt, error: str, *, worker_lost: bool, blamed: bool = True) -> None:
         job, slot = attempt.job, attempt.slot

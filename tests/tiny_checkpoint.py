@@ -14,6 +14,9 @@ with a ChatML template) and ``scheduler/`` (UniPC on flow sigmas, or the distill
 recipe), and with ``sound=True`` ``sound_tokenizer/`` (a tiny diffusers ``Cosmos3AVAEAudioTokenizer``,
 decoder only, 8 kHz, hop 320 = 25 latent frames per second as the published 48 kHz / 1920).
 
+``mismatch_vae_weights(root, how)`` breaks a checkpoint's VAE in a way only diffusers' model sees: one tensor
+renamed or misshapen, the file and its header still whole.
+
 Overrides: ``scheduler=`` replaces the scheduler config when it names a ``_class_name``, else is
 merged into it; ``vae=`` is merged into the VAE constructor arguments; every other key goes to the
 transformer: constructor arguments when ``Cosmos3OmniTransformer`` takes them, else straight into
@@ -158,4 +161,21 @@ def make_tiny_checkpoint(root: Path, *, seed: int = 0, sound: bool = False, **ov
     write_pipeline_files(root, scheduler, sound=sound)
     if sound:
         _write_sound_tokenizer(root / "sound_tokenizer", seed)
+    return root
+
+
+def mismatch_vae_weights(root: Path, how: str) -> Path:
+    """Rename (``how="renamed"``) or misshape (``"misshapen"``) the first tensor of ``root``'s VAE weights."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(root) / "vae" / "diffusion_pytorch_model.safetensors"
+    tensors = load_file(path)
+    key = min(tensors)
+    if how == "renamed":
+        tensors[f"{key}_renamed"] = tensors.pop(key)
+    elif how == "misshapen":
+        tensors[key] = torch.zeros(tensors[key].numel() + 1, dtype=tensors[key].dtype)
+    else:
+        raise ValueError(f"how={how!r}: expected 'renamed' or 'misshapen'")
+    save_file(tensors, path)
     return root

@@ -19,8 +19,10 @@ from typing import Any, Protocol
 import ray
 import structlog
 
+from cosmos3.errors import VAELoadError
 from cosmos3.request import RenderRequest
 from farm import metrics, storage
+from farm.errors import WorkerStartError
 from farm.job import Job, ModelSpec
 from worker import encode
 from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
@@ -31,7 +33,8 @@ log = structlog.get_logger("farm.worker")
 class Output(Protocol):
     frames: Any  # numpy uint8 [T, H, W, 3]
     fps: float
-    # seconds: {"tokenize", "vae_encode" (None without conditioning), "und", "steps": [...], "vae_decode", "total"}
+    # seconds: {"vae_wait" (for a VAE built in the background; None where nothing is), "tokenize", "vae_encode"
+    # (None without conditioning), "und", "steps": [...], "vae_decode", "total"}
     timings: dict
     info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}}
     memory: dict  # peak GPU bytes, see MEMORY_FIELDS (None where they do not apply)
@@ -40,7 +43,9 @@ class Output(Protocol):
 
 
 # Every sidecar carries these keys; a figure that does not apply (GPU memory on a CPU worker, a fake
-# renderer's checkpoint read) is None, so sidecars of every worker have one shape.
+# renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" is the VAE build's own
+# seconds, which on a cosmos3 worker run in the background, beside the rest and after ready(); "total" is the
+# pipeline's load until it was ready, and the sidecar's "worker" the whole start until ready().
 WORKER_START_FIELDS = ("ops", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
                        "checkpoint_gb_per_s", "vae", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
@@ -56,7 +61,8 @@ class Renderer(Protocol):
     load_timings: dict  # seconds (and bytes) per stage of loading the model, see WORKER_START_FIELDS
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
-        """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's."""
+        """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
+        cosmos3's VAELoadError when what it loads after start failed: the worker's start, not the job."""
 
 
 PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor holds a GPU) -> renderer
@@ -65,7 +71,10 @@ PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor hol
 class _Cosmos3Renderer:
     def __init__(self, pipeline, device: str, facts: dict):
         self._pipeline, self.device, self.facts = pipeline, device, facts
-        self.load_timings = pipeline.load_timings
+
+    @property
+    def load_timings(self) -> dict:
+        return self._pipeline.load_timings  # its "vae" is known once the background build has ended
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         return self._pipeline(request, callback=callback)
@@ -105,8 +114,10 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
     # The kernels load here, not on the first job: a node that cannot load them fails at start, and says why.
     facts = {**cuda_device_facts(), "ops": ops.load_cuda_ops().facts()} if device == "cuda" else {}
-    # The load options (parallel axes among them) are checked by the loader, the worker's only guard.
-    pipeline = Cosmos3Pipeline.from_pretrained(model.checkpoint, device=device, **dataclasses.asdict(model.options))
+    # The load options (parallel axes among them) are checked by the loader, the worker's only guard. The VAE
+    # builds in the background: the worker is ready without it, and its first job waits for it.
+    pipeline = Cosmos3Pipeline.from_pretrained(model.checkpoint, device=device, vae_load="background",
+                                               **dataclasses.asdict(model.options))
     return _Cosmos3Renderer(pipeline, device, facts)
 
 
@@ -125,8 +136,7 @@ class RenderWorker:
             configure_cuda_allocator()
         self._renderer = factory(model, bool(gpus))
         self._gpu = self._renderer.device != "cpu"
-        loaded = self._renderer.load_timings
-        self._start = {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "worker": time.perf_counter() - started}
+        self._ready_seconds = time.perf_counter() - started
         self._origin = origin
         self._progress = metrics.WorkerProgress(slot)
         self._identity = {
@@ -142,7 +152,10 @@ class RenderWorker:
         """Renders `job`, publishes media (its sound muxed in), the WAV if asked, then the sidecar, and returns
         a small summary for the driver."""
         started = time.time()
-        output = self._renderer(job.request, StepProgress(self._progress, job.key))
+        try:
+            output = self._renderer(job.request, StepProgress(self._progress, job.key))
+        except VAELoadError as err:  # the driver treats it as this worker's failed start
+            raise WorkerStartError(str(err)) from None
         rendered = time.time()
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
@@ -164,7 +177,7 @@ class RenderWorker:
             "timings": timings,
             "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
             "gpu_seconds": finished - started if self._gpu else None,  # the GPU is this job's until published
-            "worker_start": self._start,
+            "worker_start": self._worker_start(),
         }
         record = storage.sidecar_record(
             job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
@@ -176,3 +189,8 @@ class RenderWorker:
         storage.write_json(storage.sidecar_path(job.media), record, attempt, root=self._origin["root"])
         return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
                 "started": started, "finished": time.time()}
+
+    def _worker_start(self) -> dict[str, Any]:
+        """The start's figures, read per job: the VAE's seconds arrive when its background build ends."""
+        loaded = self._renderer.load_timings
+        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "worker": self._ready_seconds}

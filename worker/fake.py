@@ -59,7 +59,7 @@ class FakeRenderer:
             time.sleep(self.seconds_per_step)
             callback(step, plan.steps)
             steps.append(time.perf_counter() - start)
-        timings = {"tokenize": 0.0, "vae_encode": None, "und": 0.0, "steps": steps, "vae_decode": 0.0,
+        timings = {"vae_wait": None, "tokenize": 0.0, "vae_encode": None, "und": 0.0, "steps": steps, "vae_decode": 0.0,
                    "total": sum(steps)}
         if plan.sound_samples is None:
             return FakeOutput(paint(plan), plan.fps, timings)

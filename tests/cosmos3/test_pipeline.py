@@ -4,22 +4,30 @@ Every task renders; same seed -> same frames; conditioned frames come back as th
 trip of the input; the CFG protocol (step precision first, then two passes with their own UND
 caches; guidance interval; a static-FP8 step policy) is observed on the real model; prompts and
 T2V frames match diffusers' published ``Cosmos3OmniPipeline``; bad requests fail with a message
-naming the field and the fix.
+naming the field and the fix; a VAE built in the background (issue 15) is waited for by the first job only,
+a ``vae/`` broken visibly fails ``from_pretrained`` in either load mode, and one only diffusers can see
+fails every job.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from cosmos3.errors import CheckpointError, PipelineError
+from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.media import load_image, load_video, resize_cover_crop
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from cosmos3.prompt import PromptSpec
-from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint
+from cosmos3.vae import WEIGHTS, VAEBuild, WanVAE
+from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_vae_weights
 
 STEPS = 3
 PROMPT = "A red robot walks through a city at night"
@@ -130,7 +138,8 @@ def test_every_task_renders_uint8_frames_of_the_requested_size(pipe, task):
     assert out.frames.dtype == np.uint8
     assert isinstance(out.fps, float) and out.fps == 24.0
     assert progress == [(i, STEPS) for i in range(STEPS)]
-    assert set(out.timings) == {"tokenize", "vae_encode", "und", "steps", "vae_decode", "total"}
+    assert set(out.timings) == {"vae_wait", "tokenize", "vae_encode", "und", "steps", "vae_decode", "total"}
+    assert out.timings["vae_wait"] == 0.0  # loaded eagerly: built before from_pretrained returned
     assert len(out.timings["steps"]) == STEPS
     assert all(v >= 0 for v in [*out.timings["steps"], out.timings["tokenize"], out.timings["und"]])
     assert (out.timings["vae_encode"] is None) is (task in ("t2v", "t2i"))  # only i2v / v2v encode frames
@@ -460,6 +469,111 @@ def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
     config.write_text((root / "transformer" / "config.json").read_text())
     index.write_text(index.read_text().replace("00002-of", "00003-of"))
     assert checkpoint_identity(other)["sha256"] != checkpoint_identity(root)["sha256"]
+
+
+# -- the VAE's load ---------------------------------------------------------------------------------
+
+
+def _broken_copy(root, tmp_path, breakage) -> object:
+    broken = tmp_path / "broken"
+    shutil.copytree(root, broken)
+    breakage(broken / "vae")
+    return broken
+
+
+def _edit_config(vae, **changes) -> None:
+    path = vae / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _truncate(path) -> None:
+    path.write_bytes(path.read_bytes()[:-1])
+
+
+# Visible without diffusers: from_pretrained fails, whichever way the VAE loads.
+VISIBLE_BREAKAGES = [
+    pytest.param(lambda vae: _edit_config(vae, z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4),
+                 CheckpointError, r"transformer latent_channel=8 does not match vae z_dim=4 \(.*vae/config.json\)",
+                 id="z_dim"),
+    pytest.param(lambda vae: _edit_config(vae, latents_std=[1.0] * 3), ConfigError,
+                 r"vae/config.json: latents_mean and latents_std need z_dim=8 entries each, got 8 and 3",
+                 id="latents-std-length"),
+    pytest.param(lambda vae: (vae / "config.json").unlink(), ConfigError, r"vae/config.json: missing",
+                 id="no-config"),
+    pytest.param(lambda vae: (vae / "config.json").write_text("{"), ConfigError,
+                 r"vae/config.json: not a readable JSON config", id="config-not-json"),
+    pytest.param(lambda vae: (vae / WEIGHTS).unlink(), CheckpointError,
+                 rf"vae: no {WEIGHTS} \(the VAE's weights\)", id="no-weights"),
+    pytest.param(lambda vae: (vae / WEIGHTS).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"),
+                 CheckpointError, r"the safetensors header is not JSON", id="header-garbage"),
+    pytest.param(lambda vae: _truncate(vae / WEIGHTS), CheckpointError, r"\(truncated; re-download", id="truncated"),
+]
+
+
+@pytest.mark.parametrize("vae_load", ["eager", "background"])
+@pytest.mark.parametrize("breakage,error,message", VISIBLE_BREAKAGES)
+def test_a_vae_broken_visibly_fails_from_pretrained(root, tmp_path, vae_load, breakage, error, message):
+    with pytest.raises(error, match=message):
+        Cosmos3Pipeline.from_pretrained(_broken_copy(root, tmp_path, breakage), vae_load=vae_load)
+
+
+def test_a_background_vae_is_built_after_from_pretrained_returns_and_waited_for_by_the_first_job(
+        root, pipe, monkeypatch):
+    # The build blocks until the first job reaches its wait, so from_pretrained can only return without it.
+    reached, build, wait = threading.Event(), WanVAE.build.__func__, VAEBuild.wait
+
+    def blocked_build(cls, *args, **kwargs):
+        assert reached.wait(timeout=60), "no job waited for the VAE"
+        return build(cls, *args, **kwargs)
+
+    def job_waits(self):
+        reached.set()
+        return wait(self)
+
+    monkeypatch.setattr(WanVAE, "build", classmethod(blocked_build))
+    monkeypatch.setattr(VAEBuild, "wait", job_waits)
+    background = Cosmos3Pipeline.from_pretrained(root, vae_load="background")
+    assert background.load_timings["vae"] is None and background.load_timings["total"] > 0
+
+    first = background(job("i2v", seed=5))
+    assert first.timings["vae_wait"] > 0 and background.load_timings["vae"] > 0
+    np.testing.assert_array_equal(first.frames, pipe(job("i2v", seed=5)).frames)
+    assert background(job("t2v")).timings["vae_wait"] == 0.0
+
+
+@pytest.mark.parametrize("how", ["renamed", "misshapen"])
+def test_vae_weights_only_diffusers_can_refuse_fail_every_job_of_a_background_load(root, tmp_path, how):
+    broken = _broken_copy(root, tmp_path, lambda vae: mismatch_vae_weights(vae.parent, how))
+    message = rf"broken/vae: the VAE did not build: CheckpointError: .*{WEIGHTS}: does not match vae/config.json"
+    with pytest.raises(VAELoadError, match=message):
+        Cosmos3Pipeline.from_pretrained(broken)
+
+    background = Cosmos3Pipeline.from_pretrained(broken, vae_load="background")
+    for _ in range(2):  # nothing renders without the VAE
+        with pytest.raises(VAELoadError, match=message):
+            background(job("t2v"))
+    with pytest.raises(PipelineError, match="width: 33 is not a multiple of 16"):  # still the request's fault
+        background(job("t2v", width=33))
+
+
+REPO = Path(__file__).resolve().parents[2]
+TOY_FP8 = REPO / "checkpoints" / "toy" / "fp8"  # it has sound
+
+
+@pytest.mark.parametrize("vae_load", ["eager", "background"])
+def test_a_fresh_process_loads_the_sound_tokenizer_beside_the_vae_build(vae_load):
+    """diffusers' lazy modules break when two threads import them (the sound tokenizer's beside the VAE thread's):
+    cosmos3.vae.DIFFUSERS_IMPORT keeps them apart. Only a process that has not imported diffusers yet shows it."""
+    code = ("from cosmos3.pipeline import Cosmos3Pipeline; "
+            f"pipe = Cosmos3Pipeline.from_pretrained({str(TOY_FP8)!r}, vae_load={vae_load!r}); "
+            "assert pipe.sound_tokenizer is not None and pipe.vae is not None")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_an_unknown_vae_load_is_refused(root):
+    with pytest.raises(ValueError, match=r"vae_load='lazy': expected one of eager, background"):
+        Cosmos3Pipeline.from_pretrained(root, vae_load="lazy")
 
 
 @pytest.mark.gpu

@@ -4,6 +4,9 @@ The renderer acts on words in a job's prompt: `fail` raises on every attempt; `c
 worker process (`os._exit`) and `hang-once` never returns, on a job's first attempt only (a marker file
 in `markers` remembers it across worker processes); `wait-for PATH` holds the job until the file PATH
 exists, so a test decides when it may finish. Otherwise it is `worker.fake`'s sleeping renderer.
+
+Factories that fail a worker's start do it in `__init__` (`bad_gpu_zero`, `no_gpu_works`) or, as a GPU worker whose
+VAE's background build failed, in every job after `ready()` (`vae_fails_on_gpu_zero`, `no_vae_loads`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import ray
 
+from cosmos3.errors import VAELoadError
 from cosmos3.request import RenderRequest, RequestRules
 from worker.fake import FakeRenderer
 
@@ -57,11 +61,38 @@ def gated(model, gpu: bool, *, seconds_per_step: float = 0.01) -> ScriptedRender
     return ScriptedRenderer(RequestRules.from_checkpoint(model.checkpoint), "", seconds_per_step)
 
 
+class VAELessRenderer(FakeRenderer):
+    """Ready, but its VAE's build failed: every job raises VAELoadError, as Cosmos3Pipeline's do then."""
+
+    def __init__(self, rules: RequestRules, checkpoint: str, seconds_per_step: float):
+        super().__init__(rules, seconds_per_step)
+        self.vae = Path(checkpoint) / "vae"
+
+    def __call__(self, request: RenderRequest, callback):
+        raise VAELoadError(f"{self.vae}: the VAE did not build: CheckpointError: {self.vae}/"
+                           "diffusion_pytorch_model.safetensors: does not match vae/config.json (scripted)")
+
+
+def _on_gpu_zero() -> bool:
+    return ray.get_runtime_context().get_accelerator_ids()["GPU"] == ["0"]
+
+
 def bad_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
     """Fails to load on logical GPU 0, like a worker on a broken device."""
-    if ray.get_runtime_context().get_accelerator_ids()["GPU"] == ["0"]:
+    if _on_gpu_zero():
         raise RuntimeError("CUDA error: uncorrectable ECC error encountered (GPU 0)")
     return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)
+
+
+def vae_fails_on_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
+    """Ready everywhere, but on logical GPU 0 its VAE did not build."""
+    if _on_gpu_zero():
+        return no_vae_loads(model, gpu, seconds_per_step=seconds_per_step)
+    return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)
+
+
+def no_vae_loads(model, gpu: bool, *, seconds_per_step: float = 0.01) -> VAELessRenderer:
+    return VAELessRenderer(RequestRules.from_checkpoint(model.checkpoint), model.checkpoint, seconds_per_step)
 
 
 def no_gpu_works(model, gpu: bool) -> FakeRenderer:

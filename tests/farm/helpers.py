@@ -22,7 +22,8 @@ STATIC_FP8_QUANT = {
 
 
 UNIPC = {"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True}
-VAE = {"_class_name": "AutoencoderKLWan", "scale_factor_spatial": 16, "scale_factor_temporal": 4}
+VAE = {"_class_name": "AutoencoderKLWan", "z_dim": 4, "latents_mean": [0.0, 0.1, -0.1, 0.2],
+       "latents_std": [1.0, 0.9, 1.1, 0.8], "scale_factor_spatial": 16, "scale_factor_temporal": 4}
 # A sound tokenizer's config: 8 kHz over a 320-sample hop, stereo (what sizes a clip's sound).
 SOUND_TOKENIZER = {"_class_name": "Cosmos3AVAEAudioTokenizer", "sampling_rate": 8000, "vocoder_input_dim": 8,
                    "dec_strides": [4, 8, 10], "dec_out_channels": 2}

@@ -1,12 +1,15 @@
 """A manifest rendered end to end by the real Cosmos3 pipeline on tiny checkpoints (CPU), through the farm.
 
 Two checkpoints: the tiny BF16 one (tests/tiny_checkpoint.py) and its static-FP8 export with the published
-step policy, the path a Nano FP8 checkpoint takes. Workers hold logical GPUs and render on the CPU.
+step policy, the path a Nano FP8 checkpoint takes. Workers hold logical GPUs and render on the CPU, with their
+VAE built in the background as on a GPU; a VAE that does not build stalls the run as a worker that cannot start.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -18,9 +21,10 @@ from safetensors import safe_open
 from cosmos3.checkpoint import SKIPPED
 from cosmos3.fp8_export import export_fp8
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
+from cosmos3.vae import WEIGHTS
 from farm import driver, manifest, storage
-from tests.farm.helpers import local_cluster, output_files, write_manifest
-from tests.tiny_checkpoint import make_tiny_checkpoint
+from tests.farm.helpers import events, local_cluster, output_files, write_manifest
+from tests.tiny_checkpoint import make_tiny_checkpoint, mismatch_vae_weights
 from worker import encode
 
 PROMPT = "a red robot walks through a city at night"
@@ -79,8 +83,8 @@ def checkpoint_bytes(root: Path) -> int:
 def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     """Every per-stage figure is in the sidecar; GPU-only ones are null on a worker rendering on the CPU."""
     timings = record["timings"]
-    assert set(timings) == {"tokenize", "vae_encode", "und", "steps", "vae_decode", "total", "media_encode",
-                            "publish"}
+    assert set(timings) == {"vae_wait", "tokenize", "vae_encode", "und", "steps", "vae_decode", "total",
+                            "media_encode", "publish"}
     assert (timings["vae_encode"] is None) is (job.request.task in ("t2v", "t2i"))
     assert all(timings[k] > 0 for k in ("tokenize", "und", "vae_decode", "media_encode", "publish"))
     assert timings["publish"] > timings["media_encode"]
@@ -94,8 +98,9 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     assert start["ops"] is None and start["checkpoint_bytes"] == read_bytes
     assert start["checkpoint_read"] > 0 and start["checkpoint_gb_per_s"] > 0
     assert start["attention_kernels"] >= 0
-    assert start["worker"] >= start["total"] >= (start["checkpoint_read"] + start["build"] + start["attention_kernels"]
-                                                 + start["vae"])
+    # The VAE is built in the background: its seconds are its own, not inside the start until ready.
+    assert start["worker"] >= start["total"] >= start["checkpoint_read"] + start["build"] + start["attention_kernels"]
+    assert start["vae"] > 0 and timings["vae_wait"] >= 0
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8-static"])
@@ -106,6 +111,7 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
     m = manifest.load(path)
     # One worker: each one imports torch and loads the model, which dominates on a 2-core CI machine.
     report = driver.submit(m, driver.SubmitOptions(workers=1, progress=False))
+    waits = []
 
     assert report.ok, report.outcomes
     assert m.model.static_fp8 is (precision == "fp8-static")
@@ -120,11 +126,43 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
         if request.task != "t2i":
             assert _mp4_shape(Path(job.media)) == (request.frames, request.height, request.width)
         _assert_cpu_figures(record, job, checkpoint_bytes(Path(m.model.checkpoint)))
+        waits.append(record["timings"]["vae_wait"])
         # The run summary carries the same figures for every job (issue 15).
         summary = json.loads(Path(report.summary_path).read_text())
         assert summary["jobs"][job.key]["figures"] == {k: record[k] for k in FIGURES}
+    assert sorted(waits)[:-1] == [0.0] * (len(JOBS) - 1)  # only the worker's first job can have waited
 
     # PNG is lossless: the farm's still is exactly what the pipeline renders when called directly.
     still = next(job for job in m.jobs if job.request.task == "t2i")
     direct = Cosmos3Pipeline.from_pretrained(checkpoints[precision], device="cpu")(still.request)
     assert np.array_equal(iio.imread(still.media), direct.frames[0])
+
+
+# (how vae/ is broken, whether the worker got as far as ready() and a job)
+BROKEN_VAES = [
+    pytest.param(lambda vae: (vae / WEIGHTS).unlink(), False,
+                 rf"cosmos3\.errors\.CheckpointError: \S+/vae: no {WEIGHTS}", id="no-weights-fails-in-init"),
+    pytest.param(lambda vae: mismatch_vae_weights(vae.parent, "renamed"), True,
+                 rf"WorkerStartError: \S+/vae: the VAE did not build: CheckpointError: \S+/vae/{WEIGHTS}: "
+                 "does not match vae/config.json", id="renamed-tensor-fails-the-first-job"),
+]
+
+
+@pytest.mark.parametrize("breakage,ready,cause", BROKEN_VAES)
+def test_a_vae_that_cannot_load_stalls_the_run_as_a_worker_that_cannot_start(cluster, checkpoints, tmp_path,
+                                                                            breakage, ready, cause):
+    """Issue 15: a VAE only diffusers can refuse fails after ready(), and the run sees a failed start as before."""
+    root = tmp_path / "broken"
+    shutil.copytree(checkpoints["bf16"], root)
+    breakage(root / "vae")
+    path = write_manifest(tmp_path, JOBS[:2], model={"checkpoint": str(root)}, defaults={"size": [32, 32], "steps": 2})
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(workers=1, progress=False))
+
+    kinds = [e["event"] for e in events(tmp_path / "out")]
+    assert not report.ok and not output_files(tmp_path / "out")
+    assert {(o.state, o.attempts) for o in report.outcomes.values()} == {("pending", 0)}
+    stalled = report.outcomes["clip"].error
+    assert re.search(f"last: worker 0 could not start: {cause}", stalled), stalled
+    # One worker, one failed start: the budget (one per worker) is spent, so the slot is retired.
+    assert (kinds.count("worker_init_failed"), kinds.count("worker_retired")) == (1, 1)
+    assert (kinds.count("worker_ready"), kinds.count("job_requeued")) == ((1, 1) if ready else (0, 0))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -107,24 +108,47 @@ def test_a_worker_failing_three_jobs_in_a_row_is_retired(tmp_path):
     assert [e["event"] for e in events(tmp_path / "out")].count("worker_retired") == 1
 
 
-def test_a_gpu_that_cannot_load_the_model_does_not_stop_the_run(tmp_path):
+# A worker's start fails in __init__, or after ready() in the first job it takes (its VAE's background build,
+# issue 15): the scheduler treats both alike, and a job that found the failure is not charged for it.
+BAD_GPU_ZERO = [
+    pytest.param(fakes.bad_gpu_zero, "RuntimeError: CUDA error: uncorrectable ECC error", id="in-init"),
+    pytest.param(fakes.vae_fails_on_gpu_zero, "WorkerStartError: ", id="vae-after-ready"),
+]
+NO_GPU_STARTS = [
+    pytest.param(fakes.no_gpu_works, r"RuntimeError: CUDA error: no CUDA-capable device is detected", id="in-init"),
+    pytest.param(fakes.no_vae_loads, r"WorkerStartError: \S+/ckpt/vae: the VAE did not build: CheckpointError: "
+                 r"\S+/ckpt/vae/diffusion_pytorch_model.safetensors: does not match vae/config.json \(scripted\)",
+                 id="vae-after-ready"),
+]
+
+
+@pytest.mark.parametrize("factory,cause", BAD_GPU_ZERO)
+def test_a_gpu_that_cannot_load_the_model_does_not_stop_the_run(tmp_path, factory, cause):
     jobs = [{"id": f"job{i}", "prompt": "fine"} for i in range(4)]
-    report = _submit(write_manifest(tmp_path, jobs), factory=fakes.bad_gpu_zero)
+    report = _submit(write_manifest(tmp_path, jobs), factory=factory)
     root = tmp_path / "out"
 
-    assert report.ok
-    assert "worker_init_failed" in {e["event"] for e in events(root)}
+    assert report.ok and {outcome.attempts for outcome in report.outcomes.values()} == {1}
+    assert {e["attempt"] for e in _started(root)} == {1}  # a job the broken worker took is requeued, not retried
+    failed = [e for e in events(root) if e["event"] == "worker_init_failed"]
+    assert failed and all(cause in e["error"] for e in failed)
     assert {json.loads((root / f"test/job{i}_s0.mp4.json").read_text())["worker"]["gpu"][0] for i in range(4)} == {"1"}
 
 
-def test_when_no_worker_can_start_the_run_ends_once_the_init_failure_budget_is_spent(tmp_path):
-    report = _submit(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]), factory=fakes.no_gpu_works)
-    kinds = [e["event"] for e in events(tmp_path / "out")]
+@pytest.mark.parametrize("factory,cause", NO_GPU_STARTS)
+def test_when_no_worker_can_start_the_run_ends_once_the_init_failure_budget_is_spent(tmp_path, factory, cause):
+    report = _submit(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]), factory=factory)
+    root = tmp_path / "out"
+    kinds = [e["event"] for e in events(root)]
 
     # The cause, not only its effect, is in the summary of every job it strands (issue 14).
-    error = report.outcomes["a"].error
-    assert error.startswith("no worker left to run it (all retired or failed to start); last: worker ")
-    assert error.endswith(" could not start: RuntimeError: CUDA error: no CUDA-capable device is detected")
+    outcome = report.outcomes["a"]
+    assert outcome.error.startswith("no worker left to run it (all retired or failed to start); last: worker ")
+    assert re.search(f" could not start: {cause}$", outcome.error), outcome.error
+    # Not the job's fault: it stays pending with no attempt spent, however many workers it was given to.
+    assert (outcome.state, outcome.attempts) == ("pending", 0)
+    assert (state(root)["jobs"]["a"]["state"], state(root)["jobs"]["a"]["attempts"]) == ("pending", 0)
+    assert {e["attempt"] for e in _started(root)} <= {1} and kinds.count("job_requeued") == len(_started(root))
     # Failures restart their slot until the budget (one per worker) is spent; after that each one retires its slot.
     assert kinds.count("worker_init_failed") == (GPUS - 1) + GPUS
     assert kinds.count("worker_retired") == GPUS

@@ -14,7 +14,9 @@ import structlog.testing
 from cosmos3.load_options import LoadOptions
 from cosmos3.request import RequestRules
 from farm import manifest, storage
-from tests.farm.helpers import local_cluster, write_manifest
+from farm.errors import WorkerStartError
+from tests.farm import fakes
+from tests.farm.helpers import local_cluster, output_files, write_manifest
 from worker import fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
@@ -33,10 +35,10 @@ def _manifest(tmp_path: Path) -> manifest.Manifest:
     return manifest.load(write_manifest(tmp_path, jobs))
 
 
-def _worker(m: manifest.Manifest):
+def _worker(m: manifest.Manifest, factory=fake.factory):
     origin = {**ORIGIN, "root": m.output_root}
     Path(m.output_root).mkdir(exist_ok=True)  # the driver makes it at submit start; publishing never does
-    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, fake.factory, origin, 0)
+    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, factory, origin, 0)
 
 
 def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tmp_path):
@@ -138,3 +140,41 @@ def test_a_gpu_worker_sets_its_cuda_allocator_before_the_pipeline_loads(cluster,
     ray.kill(worker)
     # this test process's value if it has one (the node's environment wins), else the worker's setting
     assert identity["allocator"] == os.environ.get("PYTORCH_CUDA_ALLOC_CONF", gpu.CUDA_ALLOC_CONF)
+
+
+class _VAEBuiltAfterReady(fake.FakeRenderer):
+    """Loads like a GPU worker's pipeline: its VAE's seconds are known only once the first job has waited for it."""
+
+    def __init__(self, rules: RequestRules):
+        super().__init__(rules, seconds_per_step=0.0)
+        self.load_timings = {"total": 1.0, "vae": None}
+
+    def __call__(self, request, callback):
+        self.load_timings = {"total": 1.0, "vae": 2.5}
+        return super().__call__(request, callback)
+
+
+def _renderer_with_a_background_vae(model, gpu: bool) -> _VAEBuiltAfterReady:
+    return _VAEBuiltAfterReady(RequestRules.from_checkpoint(model.checkpoint))
+
+
+def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, _renderer_with_a_background_vae)
+    ray.get(worker.ready.remote())
+    ray.get(worker.render.remote(m.jobs[1], 1))
+    ray.kill(worker)
+    start = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())["worker_start"]
+    assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0
+
+
+def test_a_vae_that_did_not_build_fails_the_job_as_the_workers_start(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, fakes.no_vae_loads)
+    ray.get(worker.ready.remote())
+    with pytest.raises(ray.exceptions.RayTaskError) as raised:
+        ray.get(worker.render.remote(m.jobs[0], 1))
+    ray.kill(worker)
+    assert isinstance(raised.value.cause, WorkerStartError)
+    assert str(raised.value.cause).startswith(f"{Path(m.model.checkpoint) / 'vae'}: the VAE did not build: ")
+    assert output_files(Path(m.output_root)) == []
