@@ -222,7 +222,7 @@ def _decodes(pipe, vae_dir: Path) -> list[dict]:
     from cosmos3.vae import WanVAE
 
     torch.set_grad_enabled(False)  # the pipeline's own calls run in inference mode; these bare decodes must too
-    shape = pipe.vae.latent_shape(189, 720, 1280)
+    shape = pipe.vae.config.latent_shape(189, 720, 1280)
     latents = torch.randn(shape, generator=torch.Generator().manual_seed(0)).cuda()  # [48, 48, 45, 80]
     decodes = [_peak_decode(pipe.vae, latents, tiled) for tiled in (False, True)]
     pipe.vae.force_tiling = None

@@ -340,6 +340,11 @@ class VAEConfig:
         return cls(z_dim, _positive_int(raw, "scale_factor_spatial", path),
                    _positive_int(raw, "scale_factor_temporal", path), mean, std)
 
+    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
+        """``[C, T', H', W']`` of a clip of ``frames`` pixel frames."""
+        return (self.z_dim, (frames - 1) // self.temporal_factor + 1, height // self.spatial_factor,
+                width // self.spatial_factor)
+
 
 def _numbers(raw: dict, key: str, path: Path) -> tuple[float, ...]:
     value = raw.get(key)

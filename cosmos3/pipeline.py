@@ -11,7 +11,7 @@ GEN passes, get the same guidance and their own scheduler, and decode to a float
     out.frames, out.fps, out.sound, out.sampling_rate, out.timings, out.info
 
 ``from_pretrained(..., vae_load="background")`` (a render worker's) returns before the VAE is built; the first
-job waits for it (``timings["vae_wait"]``).
+job waits for it only where it needs it, at its decode (``timings["vae_wait"]``).
 """
 
 from __future__ import annotations
@@ -188,8 +188,9 @@ class Cosmos3Pipeline:
         The VAE builds in a thread started before the transformer loads, so diffusers' import overlaps the
         checkpoint read. ``vae_load="eager"`` (the default) returns with it built, and raises its VAELoadError.
         ``"background"`` (the farm's workers) returns as soon as the transformer, tokenizer, recipe and sound
-        tokenizer are ready; each job waits for the build first (``timings["vae_wait"]``), and raises VAELoadError
-        if it failed. Either way what needs no diffusers fails here: ``vae/`` is checked before anything loads
+        tokenizer are ready; the VAE builds on the CPU meanwhile and moves to the device where a job first needs it
+        (I2V/V2V's encode, the decode: ``timings["vae_wait"]``); a job raises VAELoadError if the build failed.
+        Either way what needs no diffusers fails here: ``vae/`` is checked before anything loads
         (``cosmos3.vae.check_vae_dir``: config.json, the weights' header), its z_dim once the transformer is.
         """
         root = Path(checkpoint_dir)
@@ -268,7 +269,7 @@ class Cosmos3Pipeline:
 
         Drawn on the CPU, in the published pipeline's order, so a seed gives the same start on every device.
         """
-        shape = self.vae.latent_shape(plan.frames, plan.height, plan.width)
+        shape = self._vae.config.latent_shape(plan.frames, plan.height, plan.width)  # the config's: no wait
         vision = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         if plan.sound_frames is None:
             return vision, None
@@ -300,10 +301,11 @@ class Cosmos3Pipeline:
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
         plan = resolve(request, self.rules)  # a refused request is the request's fault: it never waits for the VAE
-        # Before the job's first device work: a VAE still loading while the first steps capture CUDA graphs would
-        # break the capture (CUDA refuses other threads' allocations then), and would count in this job's memory.
-        vae_wait = self._vae.wait()
-        vae = self.vae  # raises VAELoadError when the build failed
+        self._vae.raise_if_failed()  # a VAE known broken fails the job before it spends the GPU
+        # A job waits for a VAE still building only where it needs it (I2V/V2V's encode, the decode): the build
+        # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).
+        vae_wait = self._vae.wait() if plan.task in ("i2v", "v2v") else 0.0
+        cond_waited = vae_wait > 0.0
         memory.start()
         ids = self._token_ids(plan)
         tokenized = clock()
@@ -345,6 +347,8 @@ class Cosmos3Pipeline:
         del branches, v  # the UND caches and the last velocity are not needed to decode
         if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
             torch.cuda.empty_cache()
+        vae_wait += self._vae.wait()
+        vae = self.vae
         decode_start = clock()
         frames = to_uint8_frames(vae.decode(latents))  # [T, H, W, 3]
         waveform = None
@@ -353,8 +357,8 @@ class Cosmos3Pipeline:
         end = clock()
         memory.mark("vae_decode")
         timings = {
-            "vae_wait": vae_wait,  # 0.0 once the VAE is built
-            "tokenize": tokenized - start - vae_wait,  # the request's checks and its token ids
+            "vae_wait": vae_wait,  # blocked on the VAE's build and its move to the device; 0.0 once it is there
+            "tokenize": tokenized - start - (vae_wait if cond_waited else 0.0),  # the request's checks, token ids
             "vae_encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,
             "steps": step_times,

@@ -49,6 +49,7 @@ class WanVAE:
 
     def __init__(self, vae, config: VAEConfig):
         self.vae = vae
+        self.config = config
         self.z_dim = config.z_dim
         self.spatial_factor = config.spatial_factor
         self.temporal_factor = config.temporal_factor
@@ -88,14 +89,11 @@ class WanVAE:
     def dtype(self) -> torch.dtype:
         return self.mean.dtype
 
-    def latent_shape(self, frames: int, height: int, width: int) -> tuple[int, int, int, int]:
-        """``[C, T', H', W']`` for a clip of ``frames`` pixel frames."""
-        return (
-            self.z_dim,
-            (frames - 1) // self.temporal_factor + 1,
-            height // self.spatial_factor,
-            width // self.spatial_factor,
-        )
+    def to(self, device: torch.device) -> WanVAE:
+        """Moves the model and its latent statistics to ``device`` (in place)."""
+        self.vae.to(device)
+        self.mean, self.inv_std = self.mean.to(device), self.inv_std.to(device)
+        return self
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         """``[3, T, H, W]`` in ``[-1, 1]`` -> normalised float32 latents ``[C, T', H', W']``."""
@@ -129,41 +127,59 @@ class WanVAE:
 
 
 class VAEBuild:
-    """A ``WanVAE`` built in a thread. ``config`` (``vae/config.json``) is known at once; ``result()`` waits for the
-    VAE; ``seconds`` is the build's own duration, diffusers' import included (None until it has ended)."""
+    """A ``WanVAE`` built in a thread. ``config`` (``vae/config.json``) is known at once; ``wait()`` blocks until the
+    VAE is on its device; ``seconds`` is the build's own duration, diffusers' import included (None until it has
+    ended).
+
+    The thread builds on the CPU and makes no CUDA call: a first job may be capturing CUDA graphs meanwhile, and
+    CUDA refuses other threads' allocations during a capture. The move to the device happens in the thread that
+    first needs the VAE (``wait``), so a job waits only where it uses the VAE: at I2V/V2V's encode, at decode.
+    """
 
     def __init__(self, path: Path, *, device: torch.device, dtype: torch.dtype):
         """Runs ``check_vae_dir`` in the caller, so what it finds raises here, then starts the build."""
         self.path = path
         self.config = check_vae_dir(path)
         self.seconds: float | None = None
+        self._device = device
         self._vae: WanVAE | None = None
+        self._on_device = False
         self._error: Exception | None = None
         self._done = threading.Event()
-        threading.Thread(target=self._build, args=(device, dtype), name="build-vae", daemon=True).start()
+        threading.Thread(target=self._build, args=(dtype,), name="build-vae", daemon=True).start()
 
-    def _build(self, device: torch.device, dtype: torch.dtype) -> None:
+    def _build(self, dtype: torch.dtype) -> None:
         started = time.perf_counter()
         try:
-            self._vae = WanVAE.build(self.path, self.config, device=device, dtype=dtype)
+            self._vae = WanVAE.build(self.path, self.config, device=torch.device("cpu"), dtype=dtype)
         except Exception as err:  # kept for result(), which raises it where the VAE is needed
             self._error = err
         finally:
             self.seconds = time.perf_counter() - started
             self._done.set()
 
-    def wait(self) -> float:
-        """Blocks until the build has ended; returns the seconds it blocked, 0.0 when it had ended already."""
+    def raise_if_failed(self) -> None:
+        """Raises the build's VAELoadError now if it has already failed; never waits."""
         if self._done.is_set():
+            self._check()
+
+    def wait(self) -> float:
+        """Blocks until the VAE is built and on its device; returns the seconds that took here (0.0 once done)."""
+        if self._on_device:
             return 0.0
         started = time.perf_counter()
         self._done.wait()
+        self._check()
+        self._vae.to(self._device)
+        self._on_device = True
         return time.perf_counter() - started
 
     def result(self) -> WanVAE:
-        """The VAE, once built. Raises VAELoadError, at every call, when the build failed."""
+        """The VAE on its device, once built. Raises VAELoadError, at every call, when the build failed."""
         self.wait()
+        return self._vae
+
+    def _check(self) -> None:
         if self._error is not None:
             raise VAELoadError(f"{self.path}: the VAE did not build: "
                                f"{type(self._error).__name__}: {self._error}") from self._error
-        return self._vae

@@ -541,6 +541,26 @@ def test_a_background_vae_is_built_after_from_pretrained_returns_and_waited_for_
     assert background(job("t2v")).timings["vae_wait"] == 0.0
 
 
+def test_a_t2v_job_denoises_while_the_vae_builds_and_waits_only_at_its_decode(root, pipe, monkeypatch):
+    # The build finishes only after the job's last step: a job that waited before its steps would never get there.
+    last_step, build = threading.Event(), WanVAE.build.__func__
+
+    def build_after_the_steps(cls, *args, **kwargs):
+        assert last_step.wait(timeout=60), "the job did not denoise before waiting for the VAE"
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(WanVAE, "build", classmethod(build_after_the_steps))
+    background = Cosmos3Pipeline.from_pretrained(root, vae_load="background")
+
+    def on_step(i, n):
+        if i == n - 1:
+            last_step.set()
+
+    out = background(job("t2v", seed=3), callback=on_step)
+    assert out.timings["vae_wait"] > 0
+    np.testing.assert_array_equal(out.frames, pipe(job("t2v", seed=3)).frames)
+
+
 @pytest.mark.parametrize("how", ["renamed", "misshapen"])
 def test_vae_weights_only_diffusers_can_refuse_fail_every_job_of_a_background_load(root, tmp_path, how):
     broken = _broken_copy(root, tmp_path, lambda vae: mismatch_vae_weights(vae.parent, how))
