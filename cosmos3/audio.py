@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from cosmos3.config import SoundConfig
+from cosmos3.diffusers_import import DIFFUSERS_IMPORT
 from cosmos3.errors import CheckpointError
 
 
@@ -29,7 +30,8 @@ class SoundTokenizer:
     @classmethod
     def from_pretrained(cls, path: str | Path, config: SoundConfig, *, device: torch.device) -> SoundTokenizer:
         """Loads in fp32 (like the VAE); a folder diffusers cannot load is a ``CheckpointError`` naming it."""
-        from diffusers import Cosmos3AVAEAudioTokenizer
+        with DIFFUSERS_IMPORT:  # not beside a background VAE build's import
+            from diffusers import Cosmos3AVAEAudioTokenizer
         from safetensors import SafetensorError
 
         path = Path(path)

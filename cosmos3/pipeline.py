@@ -45,7 +45,7 @@ from cosmos3.request import (
 )
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
 from cosmos3.timing import Clock, MemoryProbe
-from cosmos3.vae import DIFFUSERS_IMPORT, VAEBuild, WanVAE
+from cosmos3.vae import VAEBuild, WanVAE
 
 __all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
 
@@ -221,9 +221,7 @@ class Cosmos3Pipeline:
         sound = read_sound_support(root, model.config)
         sound_tokenizer = None
         if sound.config is not None:
-            with DIFFUSERS_IMPORT:  # not beside the VAE thread's import of diffusers
-                sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config,
-                                                                 device=device)
+            sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config, device=device)
         pipe = cls(
             model=model,
             vae=vae,

@@ -20,6 +20,7 @@ import torch
 
 from cosmos3.checkpoint_header import read_header
 from cosmos3.config import VAEConfig
+from cosmos3.diffusers_import import DIFFUSERS_IMPORT
 from cosmos3.errors import CheckpointError, VAELoadError
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -27,10 +28,6 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 # in bf16 on the H200 (benchmarks/results/h200-2026-12-01-render.md): ~138 and ~68 bytes per output pixel; per
 # byte of the VAE's dtype, rounded up.
 UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
-# Held while diffusers' modules import: its lazy modules are not safe to import from two threads at once (with
-# torch imported, a `from diffusers import Cosmos3AVAEAudioTokenizer` started 0-2 s after another thread's
-# `from diffusers import AutoencoderKLWan` raised ImportError in 5 runs out of 5, diffusers 0.42 on Python 3.11).
-DIFFUSERS_IMPORT = threading.Lock()
 
 
 def check_vae_dir(path: Path) -> VAEConfig:

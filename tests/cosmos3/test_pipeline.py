@@ -580,14 +580,54 @@ REPO = Path(__file__).resolve().parents[2]
 TOY_FP8 = REPO / "checkpoints" / "toy" / "fp8"  # it has sound
 
 
+# Run in a fresh process: records every diffusers module imported by a thread that did not hold DIFFUSERS_IMPORT.
+IMPORT_WATCH = """
+import sys, threading
+import cosmos3.diffusers_import as lock_module
+
+held = set()
+
+
+class Watched:  # the lock, remembering which thread holds it
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        self._lock.acquire()
+        held.add(threading.get_ident())
+
+    def __exit__(self, *exc):
+        held.discard(threading.get_ident())
+        self._lock.release()
+
+
+class Finder:  # consulted for every module not imported yet
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "diffusers" and threading.get_ident() not in held:
+            unlocked.append((name, threading.current_thread().name))
+        return None
+
+
+unlocked = []
+lock_module.DIFFUSERS_IMPORT = Watched()  # before any cosmos3 module takes it by name
+sys.meta_path.insert(0, Finder())
+from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+
+pipe = Cosmos3Pipeline.from_pretrained(sys.argv[1], vae_load=sys.argv[2])
+out = pipe(RenderRequest(task="t2i", prompt="a red ball", width=96, height=96, steps=2))
+assert pipe.sound_tokenizer is not None and out.frames.shape == (1, 96, 96, 3)
+assert not unlocked, f"diffusers modules imported without DIFFUSERS_IMPORT: {unlocked[:5]}"
+"""
+
+
 @pytest.mark.parametrize("vae_load", ["eager", "background"])
-def test_a_fresh_process_loads_the_sound_tokenizer_beside_the_vae_build(vae_load):
-    """diffusers' lazy modules break when two threads import them (the sound tokenizer's beside the VAE thread's):
-    cosmos3.vae.DIFFUSERS_IMPORT keeps them apart. Only a process that has not imported diffusers yet shows it."""
-    code = ("from cosmos3.pipeline import Cosmos3Pipeline; "
-            f"pipe = Cosmos3Pipeline.from_pretrained({str(TOY_FP8)!r}, vae_load={vae_load!r}); "
-            "assert pipe.sound_tokenizer is not None and pipe.vae is not None")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+def test_every_diffusers_import_holds_the_lock_beside_the_vae_build(vae_load):
+    """diffusers' lazy modules break when two threads import them (the sound tokenizer's, or a first job's
+    scheduler's, beside the VAE thread's: ImportError under load), so each of cosmos3's imports from diffusers
+    holds cosmos3.diffusers_import.DIFFUSERS_IMPORT; a fresh process loads the toy (sound) checkpoint and renders
+    with every diffusers module imported under it."""
+    run = subprocess.run([sys.executable, "-c", IMPORT_WATCH, str(TOY_FP8), vae_load], capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
 
 
