@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosmos3.config import Cosmos3Config, QuantConfig, uses_static_fp8
+from cosmos3.config import Cosmos3Config, QuantConfig, VAEConfig, uses_static_fp8
 from cosmos3.errors import CheckpointError
 
 FP8_DTYPE = "F8_E4M3"
@@ -93,6 +93,26 @@ def inspect(path: str | Path) -> CheckpointFacts:
     config = Cosmos3Config.from_json(directory / "config.json")
     tensors = read_tensors(directory)
     return CheckpointFacts(directory, config, tensors, fp8_modules(config, tensors, directory))
+
+
+VAE_WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def check_vae_dir(path: Path, latent_channel: int | None) -> VAEConfig:
+    """Every check of a checkpoint's ``vae/`` that needs no diffusers: ``config.json`` parsed, its z_dim the
+    transformer's ``latent_channel`` (None: a VAE loaded on its own), the weights present and their safetensors
+    header whole. A worker's pipeline runs it before it loads anything, ``farm validate`` through
+    ``RequestRules.from_checkpoint``: a ``vae/`` that passes fails only on what diffusers alone sees (a tensor
+    the model does not have). Raises ConfigError / CheckpointError naming the file."""
+    config = VAEConfig.from_json(path / "config.json")
+    if latent_channel is not None and config.z_dim != latent_channel:
+        raise CheckpointError(f"transformer latent_channel={latent_channel} does not match vae z_dim={config.z_dim} "
+                              f"({path / 'config.json'}): the VAE must encode the latents this transformer denoises")
+    weights = path / VAE_WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: no {VAE_WEIGHTS} (the VAE's weights)")
+    read_header(weights)  # a truncated or overwritten file fails here, not in diffusers
+    return config
 
 
 # ---------------------------------------------------------------------------------- shards

@@ -29,7 +29,8 @@ import torch
 
 from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
-from cosmos3.config import SOUND_TOKENIZER_DIR, VAE_DIR, SoundSupport, read_sound_support
+from cosmos3.checkpoint_header import transformer_dir
+from cosmos3.config import SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport, read_sound_support
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.load_options import Precision
@@ -133,11 +134,6 @@ class Cosmos3Pipeline:
         sound: SoundSupport | None = None,
         sound_tokenizer: SoundTokenizer | None = None,
     ):
-        if model.config.latent_channel != vae.config.z_dim:
-            raise CheckpointError(
-                f"transformer latent_channel={model.config.latent_channel} does not match vae z_dim={vae.config.z_dim} "
-                f"({vae.path / 'config.json'}): the VAE must encode the latents this transformer denoises"
-            )
         self.model = model
         self._vae = vae
         self.tokenizer = tokenizer
@@ -191,7 +187,8 @@ class Cosmos3Pipeline:
         tokenizer are ready; the VAE builds on the CPU meanwhile and moves to the device where a job first needs it
         (I2V/V2V's encode, the decode: ``timings["vae_wait"]``); a job raises VAELoadError if the build failed.
         Either way what needs no diffusers fails here: ``vae/`` is checked before anything loads
-        (``cosmos3.vae.check_vae_dir``: config.json, the weights' header), its z_dim once the transformer is.
+        (``cosmos3.checkpoint_header.check_vae_dir``: config.json, z_dim against the transformer's latent_channel,
+        the weights' header), as ``farm validate`` checks it.
         """
         root = Path(checkpoint_dir)
         _check_layout(root)
@@ -204,7 +201,9 @@ class Cosmos3Pipeline:
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         timings = {"ops": ops_seconds}
-        vae = VAEBuild(root / VAE_DIR, device=device, dtype=dtype if device.type == "cuda" else torch.float32)
+        latent_channel = Cosmos3Config.from_json(transformer_dir(root) / "config.json").latent_channel
+        vae = VAEBuild(root / VAE_DIR, latent_channel=latent_channel, device=device,
+                       dtype=dtype if device.type == "cuda" else torch.float32)
         if model is None:
             model = load_transformer(root, device=device, dtype=dtype, precision=precision,
                                      step_precision=step_precision, attention=attention, parallel=parallel)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.config import VAE_DIR, Cosmos3Config, SoundSupport, VAEConfig, read_sound_support
+from cosmos3.checkpoint_header import check_vae_dir
+from cosmos3.config import VAE_DIR, Cosmos3Config, SoundSupport, read_sound_support
 from cosmos3.errors import PipelineError, Problem
 from cosmos3.sampling import SamplingRecipe, load_recipe
 
@@ -104,7 +105,7 @@ class RequestRules:
         """
         if transformer is None:
             transformer = Cosmos3Config.from_json(Path(root) / "transformer" / "config.json")
-        vae = VAEConfig.from_json(Path(root) / VAE_DIR / "config.json")
+        vae = check_vae_dir(Path(root) / VAE_DIR, transformer.latent_channel)
         return cls(load_recipe(root), vae.spatial_factor, vae.temporal_factor, read_sound_support(root, transformer))
 
 

@@ -18,27 +18,15 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.checkpoint_header import read_header
+from cosmos3.checkpoint_header import VAE_WEIGHTS, check_vae_dir
 from cosmos3.config import VAEConfig
 from cosmos3.diffusers_import import DIFFUSERS_IMPORT
 from cosmos3.errors import CheckpointError, VAELoadError
 
-WEIGHTS = "diffusion_pytorch_model.safetensors"
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
 # in bf16 on the H200 (benchmarks/results/h200-2026-12-01-render.md): ~138 and ~68 bytes per output pixel; per
 # byte of the VAE's dtype, rounded up.
 UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
-
-
-def check_vae_dir(path: Path) -> VAEConfig:
-    """``config.json`` parsed and the weights' safetensors header read whole: every check of ``vae/`` that needs
-    no diffusers. Raises ConfigError / CheckpointError naming the file."""
-    config = VAEConfig.from_json(path / "config.json")
-    weights = path / WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(f"{path}: no {WEIGHTS} (the VAE's weights)")
-    read_header(weights)  # a truncated or overwritten file fails here, not in diffusers
-    return config
 
 
 class WanVAE:
@@ -57,9 +45,11 @@ class WanVAE:
         self.last_decode_tiled: bool | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, device: torch.device, dtype: torch.dtype = torch.float32) -> WanVAE:
+    def from_pretrained(cls, path: str | Path, *, device: torch.device, dtype: torch.dtype = torch.float32,
+                        latent_channel: int | None = None) -> WanVAE:
+        """A ``vae/``, built here; ``latent_channel``: its transformer's, which z_dim must equal (None: unchecked)."""
         path = Path(path)
-        return cls.build(path, check_vae_dir(path), device=device, dtype=dtype)
+        return cls.build(path, check_vae_dir(path, latent_channel), device=device, dtype=dtype)
 
     @classmethod
     def build(cls, path: Path, config: VAEConfig, *, device: torch.device, dtype: torch.dtype) -> WanVAE:
@@ -74,7 +64,7 @@ class WanVAE:
         # and then copies: 15.5 s of a Nano worker's start on the H200 (benchmarks/results/h200-2026-12-01-render.md).
         with torch.device("meta"):
             vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(path)))
-        weights = path / WEIGHTS
+        weights = path / VAE_WEIGHTS
         state = {k: v.to(dtype) for k, v in load_file(weights, device=str(device)).items()}
         try:
             vae.load_state_dict(state, strict=True, assign=True)
@@ -133,10 +123,10 @@ class VAEBuild:
     first needs the VAE (``wait``), so a job waits only where it uses the VAE: at I2V/V2V's encode, at decode.
     """
 
-    def __init__(self, path: Path, *, device: torch.device, dtype: torch.dtype):
+    def __init__(self, path: Path, *, latent_channel: int, device: torch.device, dtype: torch.dtype):
         """Runs ``check_vae_dir`` in the caller, so what it finds raises here, then starts the build."""
         self.path = path
-        self.config = check_vae_dir(path)
+        self.config = check_vae_dir(path, latent_channel)
         self.seconds: float | None = None
         self._device = device
         self._vae: WanVAE | None = None

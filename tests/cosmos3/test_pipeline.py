@@ -22,11 +22,12 @@ import numpy as np
 import pytest
 import torch
 
+from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.media import load_image, load_video, resize_cover_crop
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from cosmos3.prompt import PromptSpec
-from cosmos3.vae import WEIGHTS, VAEBuild, WanVAE
+from cosmos3.vae import VAEBuild, WanVAE
 from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_vae_weights
 
 STEPS = 3

@@ -21,6 +21,8 @@ STATIC_FP8_QUANT = {
 }
 
 
+# The transformer's config: its latents are the VAE's (latent_channel = z_dim, patch_latent_dim = z_dim * 2 * 2).
+TRANSFORMER = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32, "latent_channel": 4, "patch_latent_dim": 16}
 UNIPC = {"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True}
 VAE = {"_class_name": "AutoencoderKLWan", "z_dim": 4, "latents_mean": [0.0, 0.1, -0.1, 0.2],
        "latents_std": [1.0, 0.9, 1.1, 0.8], "scale_factor_spatial": 16, "scale_factor_temporal": 4}
@@ -33,7 +35,7 @@ def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = U
     """Just enough of the published layout for the driver and the fake pipelines, which load no weights: the
     configs cosmos3 checks requests and load options against (transformer, scheduler, VAE, sound tokenizer)
     and a whole safetensors file, which validation reads the header of."""
-    config: dict[str, Any] = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32}
+    config: dict[str, Any] = dict(TRANSFORMER)
     if static_fp8:
         config["quantization_config"] = STATIC_FP8_QUANT
     files = [("transformer/config.json", config), ("scheduler/scheduler_config.json", scheduler),
@@ -45,7 +47,17 @@ def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = U
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(json.dumps(data))
     write_weights(root / "transformer", static_fp8=static_fp8)
+    write_vae_weights(root / "vae")
     return root
+
+
+def write_vae_weights(directory: Path) -> Path:
+    """A whole safetensors file where the VAE's weights go: validation reads its header, no fake loads it."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"decoder.conv_out.bias": torch.zeros(3)}, directory / "diffusion_pytorch_model.safetensors")
+    return directory
 
 
 def write_weights(directory: Path, *, static_fp8: bool) -> Path:

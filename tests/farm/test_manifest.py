@@ -247,3 +247,31 @@ def test_checkpoint_damage_is_refused_at_validate_with_the_loaders_message(tmp_p
         load_transformer(tmp_path / "ckpt")
     assert cli.main(["validate", str(path)]) == 1
     assert f"model -> checkpoint: {at_load.value}" in capsys.readouterr().err  # names the file and the field
+
+
+# -- a vae/ a worker could not start with: refused at validate with the worker's own start check ---------------
+
+def _vae_config(**fields):
+    def edit(vae: Path) -> None:
+        config = json.loads((vae / "config.json").read_text())
+        (vae / "config.json").write_text(json.dumps({**config, **fields}))
+    return edit
+
+
+@pytest.mark.parametrize("damage,message", [
+    pytest.param(_truncated, "truncated", id="truncated-weights"),
+    pytest.param(lambda vae: (vae / WEIGHTS).unlink(), "no diffusion_pytorch_model.safetensors", id="no-weights"),
+    pytest.param(_vae_config(z_dim=8, latents_mean=[0.0] * 8, latents_std=[1.0] * 8),
+                 "transformer latent_channel=4 does not match vae z_dim=8", id="z-dim"),
+    pytest.param(_vae_config(latents_std=[1.0]), "latents_mean and latents_std need z_dim=4 entries", id="stats"),
+])
+def test_vae_damage_is_refused_at_validate_with_the_workers_start_message(tmp_path, capsys, damage, message):
+    from cosmos3.checkpoint_header import check_vae_dir
+    from cosmos3.errors import Cosmos3Error
+
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    damage(tmp_path / "ckpt" / "vae")
+    with pytest.raises(Cosmos3Error, match=message) as at_start:  # what a worker's pipeline runs before it loads
+        check_vae_dir(tmp_path / "ckpt" / "vae", latent_channel=4)
+    assert cli.main(["validate", str(path)]) == 1
+    assert f"model -> checkpoint: {at_start.value}" in capsys.readouterr().err

@@ -19,10 +19,11 @@ import pytest
 from safetensors import safe_open
 
 from cosmos3.checkpoint import SKIPPED
+from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
 from cosmos3.fp8_export import export_fp8
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
-from cosmos3.vae import WEIGHTS
 from farm import driver, manifest, storage
+from farm.errors import ManifestError
 from tests.farm.helpers import events, local_cluster, output_files, write_manifest
 from tests.tiny_checkpoint import make_tiny_checkpoint, mismatch_vae_weights
 from worker import encode
@@ -138,25 +139,25 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
     assert np.array_equal(iio.imread(still.media), direct.frames[0])
 
 
-# (how vae/ is broken, whether the worker got as far as ready() and a job)
-BROKEN_VAES = [
-    pytest.param(lambda vae: (vae / WEIGHTS).unlink(), False,
-                 rf"cosmos3\.errors\.CheckpointError: \S+/vae: no {WEIGHTS}", id="no-weights-fails-in-init"),
-    pytest.param(lambda vae: mismatch_vae_weights(vae.parent, "renamed"), True,
-                 rf"WorkerStartError: \S+/vae: the VAE did not build: CheckpointError: \S+/vae/{WEIGHTS}: "
-                 "does not match vae/config.json", id="renamed-tensor-fails-the-first-job"),
-]
+def test_a_vae_without_weights_is_refused_before_the_run(checkpoints, tmp_path):
+    """What a worker's start would find without diffusers, the manifest's validation finds first."""
+    root = tmp_path / "broken"
+    shutil.copytree(checkpoints["bf16"], root)
+    (root / "vae" / WEIGHTS).unlink()
+    path = write_manifest(tmp_path, JOBS[:2], model={"checkpoint": str(root)}, defaults={"size": [32, 32], "steps": 2})
+    with pytest.raises(ManifestError, match=rf"model -> checkpoint: \S+/vae: no {WEIGHTS}"):
+        manifest.load(path)
 
 
-@pytest.mark.parametrize("breakage,ready,cause", BROKEN_VAES)
-def test_a_vae_that_cannot_load_stalls_the_run_as_a_worker_that_cannot_start(cluster, checkpoints, tmp_path,
-                                                                            breakage, ready, cause):
+def test_a_vae_only_diffusers_can_refuse_stalls_the_run_as_a_worker_that_cannot_start(cluster, checkpoints, tmp_path):
     """Issue 15: a VAE only diffusers can refuse fails after ready(), and the run sees a failed start as before."""
     root = tmp_path / "broken"
     shutil.copytree(checkpoints["bf16"], root)
-    breakage(root / "vae")
+    mismatch_vae_weights(root, "renamed")
     path = write_manifest(tmp_path, JOBS[:2], model={"checkpoint": str(root)}, defaults={"size": [32, 32], "steps": 2})
     report = driver.submit(manifest.load(path), driver.SubmitOptions(workers=1, progress=False))
+    cause = (rf"WorkerStartError: \S+/vae: the VAE did not build: CheckpointError: \S+/vae/{WEIGHTS}: "
+             "does not match vae/config.json")
 
     kinds = [e["event"] for e in events(tmp_path / "out")]
     assert not report.ok and not output_files(tmp_path / "out")
@@ -165,4 +166,4 @@ def test_a_vae_that_cannot_load_stalls_the_run_as_a_worker_that_cannot_start(clu
     assert re.search(f"last: worker 0 could not start: {cause}", stalled), stalled
     # One worker, one failed start: the budget (one per worker) is spent, so the slot is retired.
     assert (kinds.count("worker_init_failed"), kinds.count("worker_retired")) == (1, 1)
-    assert (kinds.count("worker_ready"), kinds.count("job_requeued")) == ((1, 1) if ready else (0, 0))
+    assert (kinds.count("worker_ready"), kinds.count("job_requeued")) == (1, 1)
