@@ -224,9 +224,10 @@ def _missing_shard(transformer: Path) -> None:
 
 
 def _config(**fields):
-    def edit(transformer: Path) -> None:
-        config = json.loads((transformer / "config.json").read_text())
-        (transformer / "config.json").write_text(json.dumps({**config, **fields}))
+    """Edits the config.json of the folder it is given (transformer/ or vae/)."""
+    def edit(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **fields}))
     return edit
 
 
@@ -251,19 +252,12 @@ def test_checkpoint_damage_is_refused_at_validate_with_the_loaders_message(tmp_p
 
 # -- a vae/ a worker could not start with: refused at validate with the worker's own start check ---------------
 
-def _vae_config(**fields):
-    def edit(vae: Path) -> None:
-        config = json.loads((vae / "config.json").read_text())
-        (vae / "config.json").write_text(json.dumps({**config, **fields}))
-    return edit
-
-
 @pytest.mark.parametrize("damage,message", [
     pytest.param(_truncated, "truncated", id="truncated-weights"),
     pytest.param(lambda vae: (vae / WEIGHTS).unlink(), "no diffusion_pytorch_model.safetensors", id="no-weights"),
-    pytest.param(_vae_config(z_dim=8, latents_mean=[0.0] * 8, latents_std=[1.0] * 8),
+    pytest.param(_config(z_dim=8, latents_mean=[0.0] * 8, latents_std=[1.0] * 8),
                  "transformer latent_channel=4 does not match vae z_dim=8", id="z-dim"),
-    pytest.param(_vae_config(latents_std=[1.0]), "latents_mean and latents_std need z_dim=4 entries", id="stats"),
+    pytest.param(_config(latents_std=[1.0]), "latents_mean and latents_std need z_dim=4 entries", id="stats"),
 ])
 def test_vae_damage_is_refused_at_validate_with_the_workers_start_message(tmp_path, capsys, damage, message):
     from cosmos3.checkpoint_header import check_vae_dir
