@@ -250,7 +250,7 @@ class Cosmos3Pipeline:
         if plan.task == "i2v":
             pixels = load_image(plan.image)[None]  # [1, H, W, 3]
         elif plan.task == "v2v":
-            keep = (V2V_CONDITION_LATENT_FRAMES - 1) * self.vae.temporal_factor + 1
+            keep = (V2V_CONDITION_LATENT_FRAMES - 1) * self._vae.config.temporal_factor + 1
             pixels = load_video(plan.video)[:keep]
             if len(pixels) < keep:  # a short clip holds its last frame, as the published pipeline pads
                 pixels = np.concatenate([pixels, np.repeat(pixels[-1:], keep - len(pixels), axis=0)])
@@ -301,8 +301,7 @@ class Cosmos3Pipeline:
         self._vae.raise_if_failed()  # a VAE known broken fails the job before it spends the GPU
         # A job waits for a VAE still building only where it needs it (I2V/V2V's encode, the decode): the build
         # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).
-        vae_wait = self._vae.wait() if plan.task in ("i2v", "v2v") else 0.0
-        cond_waited = vae_wait > 0.0
+        encode_wait = self._vae.wait() if plan.task in ("i2v", "v2v") else 0.0
         memory.start()
         ids = self._token_ids(plan)
         tokenized = clock()
@@ -344,7 +343,7 @@ class Cosmos3Pipeline:
         del branches, v  # the UND caches and the last velocity are not needed to decode
         if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
             torch.cuda.empty_cache()
-        vae_wait += self._vae.wait()
+        vae_wait = encode_wait + self._vae.wait()
         vae = self.vae
         decode_start = clock()
         frames = to_uint8_frames(vae.decode(latents))  # [T, H, W, 3]
@@ -355,7 +354,7 @@ class Cosmos3Pipeline:
         memory.mark("vae_decode")
         timings = {
             "vae_wait": vae_wait,  # blocked on the VAE's build and its move to the device; 0.0 once it is there
-            "tokenize": tokenized - start - (vae_wait if cond_waited else 0.0),  # the request's checks, token ids
+            "tokenize": tokenized - start - encode_wait,  # the request's checks and its token ids
             "vae_encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,
             "steps": step_times,

@@ -35,9 +35,6 @@ class WanVAE:
     def __init__(self, vae, config: VAEConfig):
         self.vae = vae
         self.config = config
-        self.z_dim = config.z_dim
-        self.spatial_factor = config.spatial_factor
-        self.temporal_factor = config.temporal_factor
         param = next(vae.parameters())
         self.mean = torch.tensor(config.latents_mean, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
@@ -92,7 +89,7 @@ class WanVAE:
         """Normalised latents ``[C, T', H', W']`` -> pixels ``[3, T, H, W]`` in ``[-1, 1]``."""
         z = latents.to(self.dtype) / self.inv_std + self.mean
         _, t, h, w = latents.shape
-        pixels = ((t - 1) * self.temporal_factor + 1) * h * w * self.spatial_factor**2
+        pixels = ((t - 1) * self.config.temporal_factor + 1) * h * w * self.config.spatial_factor**2
         tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * self.dtype.itemsize)
         if tiled:
             self.vae.enable_tiling()  # diffusers' spatial tiles: less memory, overlapping tiles cost time

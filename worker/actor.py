@@ -115,7 +115,7 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     # The kernels load here, not on the first job: a node that cannot load them fails at start, and says why.
     facts = {**cuda_device_facts(), "ops": ops.load_cuda_ops().facts()} if device == "cuda" else {}
     # The load options (parallel axes among them) are checked by the loader, the worker's only guard. The VAE
-    # builds in the background: the worker is ready without it, and its first job waits for it.
+    # builds in the background: the worker is ready without it, and its first job waits for it where it needs it.
     pipeline = Cosmos3Pipeline.from_pretrained(model.checkpoint, device=device, vae_load="background",
                                                **dataclasses.asdict(model.options))
     return _Cosmos3Renderer(pipeline, device, facts)
