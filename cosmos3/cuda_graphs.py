@@ -67,12 +67,13 @@ class GenGraphs:
         if captured is None:
             captured = self._capture(key, layout, latents, step_t, cache, sound)
         self._graphs.move_to_end(key)
-        captured.latents.copy_(latents)
-        captured.step_t.copy_(step_t)
-        for static, live in zip(captured.cache.keys + captured.cache.values, cache.keys + cache.values, strict=True):
-            static.copy_(live)
+        # One foreach copy: a few multi-tensor kernels for the inputs and every layer's UND K/V, not 2 + 2 x layers
+        static = [captured.latents, captured.step_t, *captured.cache.keys, *captured.cache.values]
+        live = [latents, step_t, *cache.keys, *cache.values]
         if sound is not None:
-            captured.sound.copy_(sound)
+            static.append(captured.sound)
+            live.append(sound)
+        torch._foreach_copy_(static, live)
         captured.graph.replay()
         out = captured.out
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())

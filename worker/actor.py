@@ -24,7 +24,7 @@ from cosmos3.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import WorkerStartError
 from farm.job import Job, ModelSpec
-from worker import encode
+from worker import bytecode, encode
 from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
 
 log = structlog.get_logger("farm.worker")
@@ -142,7 +142,12 @@ class RenderWorker:
         self._identity = {
             "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),
             "gpu": list(gpus), "device": self._renderer.device, "pid": os.getpid(), **self._renderer.facts,
+            # packages this start compiled from source (every start will): a node's setup problem, not the job's
+            "uncached_bytecode": bytecode.uncached(),
         }
+        if self._identity["uncached_bytecode"]:
+            log.warning("worker_start_compiled_python", packages=self._identity["uncached_bytecode"],
+                        seconds=round(self._ready_seconds, 1), fix=bytecode.FIX)
 
     def ready(self) -> dict[str, Any]:
         """Answers once the pipeline is loaded: where this worker runs."""
