@@ -3,8 +3,8 @@
 A worker imports torch, diffusers, transformers and FlashInfer before it is ready. pip leaves their ``.pyc`` files
 beside the sources. An environment without them (a read-only copy with no ``__pycache__``, installed with
 ``--no-compile``, or ``PYTHONDONTWRITEBYTECODE=1`` so Python never keeps what it compiled) compiles all of it
-again in every worker process. On the H200 host a Nano FP8 worker was ready in 23.7 s that way, and in 13.5 s
-with the bytecode cached (benchmarks/results/h200-2026-12-01-worker-start.md).
+again in every worker process. On the H200 host a Nano FP8 pipeline loaded in 30.7 s that way, and in 10.7 s with
+the bytecode cached (benchmarks/results/h200-2026-12-01-worker-start.md).
 """
 
 from __future__ import annotations
