@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from cosmos3.config import SoundConfig
-from cosmos3.diffusers_import import DIFFUSERS_IMPORT
 from cosmos3.errors import CheckpointError
+from cosmos3.library_import import LIBRARY_IMPORT
 
 
 class SoundTokenizer:
@@ -30,7 +30,7 @@ class SoundTokenizer:
     @classmethod
     def from_pretrained(cls, path: str | Path, config: SoundConfig, *, device: torch.device) -> SoundTokenizer:
         """Loads in fp32 (like the VAE); a folder diffusers cannot load is a ``CheckpointError`` naming it."""
-        with DIFFUSERS_IMPORT:  # not beside a background VAE build's import
+        with LIBRARY_IMPORT:  # not beside a background VAE build's import
             from diffusers import Cosmos3AVAEAudioTokenizer
         from safetensors import SafetensorError
 

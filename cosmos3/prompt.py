@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosmos3.errors import CheckpointError
+from cosmos3.library_import import LIBRARY_IMPORT
 
 # The typo "give" (for "given") is intentional: it is what the model was trained on.
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
@@ -75,7 +76,8 @@ class PromptTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> PromptTokenizer:
-        from transformers import AutoTokenizer
+        with LIBRARY_IMPORT:  # not beside a background VAE build's import
+            from transformers import AutoTokenizer
 
         path = Path(path)
         if not (path / "tokenizer_config.json").is_file():

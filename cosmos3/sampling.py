@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cosmos3.diffusers_import import DIFFUSERS_IMPORT
 from cosmos3.errors import CheckpointError
+from cosmos3.library_import import LIBRARY_IMPORT
 
 if TYPE_CHECKING:  # importable without torch, so the farm driver can check requests against a checkpoint
     import torch
@@ -96,7 +96,7 @@ def _init_kwargs(cls, config: dict) -> dict:
 
 def make_scheduler(recipe: SamplingRecipe, *, steps: int, flow_shift: float | None, device: torch.device):
     """A fresh scheduler with its timesteps set; schedulers are stateful, so one per job."""
-    with DIFFUSERS_IMPORT:  # a first job's steps run beside a background VAE build's import
+    with LIBRARY_IMPORT:  # a first job's steps run beside a background VAE build's import
         from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
     if recipe.is_distilled:

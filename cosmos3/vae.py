@@ -20,8 +20,8 @@ import torch
 
 from cosmos3.checkpoint_header import VAE_WEIGHTS, check_vae_dir
 from cosmos3.config import VAEConfig
-from cosmos3.diffusers_import import DIFFUSERS_IMPORT
 from cosmos3.errors import CheckpointError, VAELoadError
+from cosmos3.library_import import LIBRARY_IMPORT
 
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
 # in bf16 on the H200 (benchmarks/results/h200-2026-12-01-render.md): ~138 and ~68 bytes per output pixel; per
@@ -52,7 +52,7 @@ class WanVAE:
     def build(cls, path: Path, config: VAEConfig, *, device: torch.device, dtype: torch.dtype) -> WanVAE:
         """The VAE of a ``vae/`` that ``check_vae_dir`` passed (its result is ``config``). Weights that do not match
         the config (a missing, unknown or misshapen tensor, which only diffusers' model knows) are a CheckpointError."""
-        with DIFFUSERS_IMPORT:
+        with LIBRARY_IMPORT:
             from diffusers import AutoencoderKLWan
         from safetensors.torch import load_file
 

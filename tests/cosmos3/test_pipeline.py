@@ -581,10 +581,11 @@ REPO = Path(__file__).resolve().parents[2]
 TOY_FP8 = REPO / "checkpoints" / "toy" / "fp8"  # it has sound
 
 
-# Run in a fresh process: records every diffusers module imported by a thread that did not hold DIFFUSERS_IMPORT.
+# Run in a fresh process: records every diffusers or transformers module imported by a thread that did not hold
+# LIBRARY_IMPORT.
 IMPORT_WATCH = """
 import sys, threading
-import cosmos3.diffusers_import as lock_module
+import cosmos3.library_import as lock_module
 
 held = set()
 
@@ -604,29 +605,29 @@ class Watched:  # the lock, remembering which thread holds it
 
 class Finder:  # consulted for every module not imported yet
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "diffusers" and threading.get_ident() not in held:
+        if name.split(".")[0] in ("diffusers", "transformers") and threading.get_ident() not in held:
             unlocked.append((name, threading.current_thread().name))
         return None
 
 
 unlocked = []
-lock_module.DIFFUSERS_IMPORT = Watched()  # before any cosmos3 module takes it by name
+lock_module.LIBRARY_IMPORT = Watched()  # before any cosmos3 module takes it by name
 sys.meta_path.insert(0, Finder())
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 
 pipe = Cosmos3Pipeline.from_pretrained(sys.argv[1], vae_load=sys.argv[2])
 out = pipe(RenderRequest(task="t2i", prompt="a red ball", width=96, height=96, steps=2))
 assert pipe.sound_tokenizer is not None and out.frames.shape == (1, 96, 96, 3)
-assert not unlocked, f"diffusers modules imported without DIFFUSERS_IMPORT: {unlocked[:5]}"
+assert not unlocked, f"modules imported without LIBRARY_IMPORT: {unlocked[:5]}"
 """
 
 
 @pytest.mark.parametrize("vae_load", ["eager", "background"])
-def test_every_diffusers_import_holds_the_lock_beside_the_vae_build(vae_load):
-    """diffusers' lazy modules break when two threads import them (the sound tokenizer's, or a first job's
-    scheduler's, beside the VAE thread's: ImportError under load), so each of cosmos3's imports from diffusers
-    holds cosmos3.diffusers_import.DIFFUSERS_IMPORT; a fresh process loads the toy (sound) checkpoint and renders
-    with every diffusers module imported under it."""
+def test_every_library_import_holds_the_lock_beside_the_vae_build(vae_load):
+    """diffusers' and transformers' lazy modules break when two threads import them (the sound tokenizer's, the
+    text tokenizer's or a first job's scheduler's, beside the VAE thread's: ImportError under load), so each of
+    cosmos3's imports from them holds cosmos3.library_import.LIBRARY_IMPORT; a fresh process loads the toy (sound)
+    checkpoint and renders with every diffusers and transformers module imported under it."""
     run = subprocess.run([sys.executable, "-c", IMPORT_WATCH, str(TOY_FP8), vae_load], capture_output=True,
                          text=True, timeout=300, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
