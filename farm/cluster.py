@@ -147,6 +147,8 @@ def launcher(plan: WorkerPlan, model: ModelSpec, factory: PipelineFactory, origi
         # The driver replaces dead workers and retries jobs itself (it must pick a different worker and
         # count init failures), so Ray restarts and retries nothing.
         "max_restarts": 0, "max_task_retries": 0,
+        # Two threads: a job's publish (CPU: encode, hash, fsync) runs beside the next job's render (GPU).
+        "max_concurrency": 2,
     }
     if plan.accelerator_type:
         options["accelerator_type"] = plan.accelerator_type

@@ -1,9 +1,14 @@
-"""The driver loop: a priority queue of jobs, at most one job in flight per worker, and every failure policy.
+"""The driver loop: a priority queue of jobs, one render in flight per worker, and every failure policy.
 
 State lives in a few named collections (the shape of Ray's ActorPool): `pending` (jobs by priority, then
 manifest order), `idle` workers, `inflight` (result ref -> attempt) and `starting` (ready ref -> slot).
 The loop waits on all of them with one `ray.wait(num_returns=1)`; it never `ray.get`s anything that is
 not already finished.
+
+An attempt has two calls on its worker: `render` (the GPU's work; the worker keeps the output) and then `publish`
+(encode, hash, fsync, sidecar). The worker takes its next render as soon as a render returns, so an encode never
+holds the GPU; a worker publishes at most one job beside a render, and one with two publishes waiting renders
+nothing until one has ended. A job is done when its publish has returned and verifies.
 
 Failure policies (reference/farm-anchors.md §6):
 - a job the model refuses (cosmos3's PipelineError or ConfigError: the user's mistake) fails at once, without
@@ -18,6 +23,8 @@ Failure policies (reference/farm-anchors.md §6):
   `WorkerStartError` from the job that needed it. That job goes back to pending as if never dispatched (its
   attempt not counted, no worker avoided) and the worker counts as failed to start; so a start counts as good,
   and its slot's failed starts in a row go back to 0, only once the worker has finished a job;
+- a worker killed or restarted for one attempt's sake (its timeout, its crash, its failed start) takes the other
+  attempt it held with it: that one goes back to pending as if never dispatched, its half-written files removed;
 - Ctrl-C kills the workers and puts in-flight jobs back as pending: nothing half-written is kept.
 
 The pool grows while jobs are pending: GPUs of nodes that join mid-run get workers of their own (`capacity`).
@@ -76,7 +83,8 @@ class Attempt:
     slot: Slot
     number: int  # 1 for the first attempt
     started: float  # monotonic
-    deadline: float  # monotonic
+    deadline: float  # monotonic: the job's timeout covers its render and its publish
+    publishing: bool = False  # rendered; its worker publishes it (and may render the next job meanwhile)
 
 
 @dataclass
@@ -155,11 +163,21 @@ class Scheduler:
 
     def _dispatch(self) -> None:
         for slot in list(self.idle):
+            if len(self._held_by(slot)) > 1:  # two publishes: its host is behind, so it takes no render yet
+                continue
             job = self._next_job_for(slot)
             if job is not None:
                 self.idle.remove(slot)
                 self._submit(slot, job)
-        self.metrics.load(len(self.pending), len(self.inflight))
+        self.metrics.load(len(self.pending), sum(not a.publishing for a in self.inflight.values()))
+
+    def _render_on(self, slot: Slot) -> ray.ObjectRef | None:
+        """The ref of the render in flight on `slot`'s worker, if one is."""
+        return next((ref for ref, a in self.inflight.items() if a.slot is slot and not a.publishing), None)
+
+    def _held_by(self, slot: Slot) -> list[ray.ObjectRef]:
+        """The refs of the attempts in flight on `slot`'s worker: a render, publishes, or both."""
+        return [ref for ref, attempt in self.inflight.items() if attempt.slot is slot]
 
     def _next_job_for(self, slot: Slot) -> Job | None:
         """The highest-ranked job this worker may take: one it has not failed, unless every live worker has."""
@@ -192,7 +210,7 @@ class Scheduler:
         for ref in ready:
             if ref in self.starting:
                 self._on_started(self.starting.pop(ref), ref)
-            else:
+            elif ref in self.inflight:  # not when its worker was stopped for the other attempt it held
                 self._on_result(self.inflight.pop(ref), ref)
 
     def _on_started(self, slot: Slot, ref: ray.ObjectRef) -> None:
@@ -220,7 +238,14 @@ class Scheduler:
                 self._attempt_failed(attempt, describe(err), worker_lost=False, blamed=blamed)
             return
         except RayError as err:  # the worker died: a crash, the OOM killer, a lost node
+            render = self._render_on(attempt.slot) if attempt.publishing else None
+            if render is not None:  # renders crash workers (CUDA, memory), publishes hardly: it takes the blame
+                self.inflight[ref] = attempt  # and this publish is the restart's bystander
+                attempt = self.inflight.pop(render)
             self._attempt_failed(attempt, f"worker lost: {describe(err)}", worker_lost=True)
+            return
+        if not attempt.publishing:
+            self._publish(attempt)
             return
         problem = storage.check_published(attempt.job.media, attempt.job.config_hash, (self.run_id, attempt.number))
         if problem:
@@ -228,15 +253,24 @@ class Scheduler:
         else:
             self._succeeded(attempt, result)
 
+    def _publish(self, attempt: Attempt) -> None:
+        """The render returned: its worker publishes it, and is free for its next render meanwhile."""
+        job, slot = attempt.job, attempt.slot
+        ref = slot.actor.publish.options(name=f"publish:{job.key}").remote(job, attempt.number)
+        attempt.publishing = True
+        self.inflight[ref] = attempt
+        self.idle.append(slot)
+        self.log.emit("job_rendered", key=job.key, attempt=attempt.number, slot=slot.index)
+
     def _enforce_deadlines(self) -> None:
         now = time.monotonic()
         for ref, attempt in list(self.inflight.items()):
-            if now >= attempt.deadline:
+            if ref in self.inflight and now >= attempt.deadline:
                 del self.inflight[ref]
                 self.log.emit("job_timeout", key=attempt.job.key, attempt=attempt.number, slot=attempt.slot.index)
                 # Ray cannot interrupt a running actor task; killing the actor is the only way to stop it.
-                self._kill([attempt.slot], [ref])
                 reason = f"timed out after {attempt.job.timeout:g}s (worker killed)"
+                self._kill_slot(attempt.slot, f"{attempt.job.key} {reason}", [ref])
                 self._attempt_failed(attempt, reason, worker_lost=True)
         for ref, slot in list(self.starting.items()):
             if now >= slot.started + self.settings.start_timeout:
@@ -249,7 +283,6 @@ class Scheduler:
         slot, job = attempt.slot, attempt.job
         slot.failed_jobs.clear()
         slot.failed_starts = 0  # its start is proven: what it loaded after ready() has rendered
-        self.idle.append(slot)
         seconds = time.monotonic() - attempt.started
         figures = result["figures"]
         self.outcomes[job.key] = Outcome(JobState.DONE, attempt.number, None, seconds, slot.identity, figures)
@@ -264,7 +297,7 @@ class Scheduler:
         self.outcomes[job.key] = Outcome(JobState.FAILED, attempt.number, error)
         self.metrics.job_failed()
         self.log.emit("job_failed", key=job.key, attempt=attempt.number, slot=slot.index, error=error, refused=True)
-        self.idle.append(slot)
+        self._free(attempt)
 
     def _start_failed_in_job(self, attempt: Attempt, error: str) -> None:
         """The worker's start failed under this job: the job goes back to pending as if never dispatched (its
@@ -291,16 +324,22 @@ class Scheduler:
             self._requeue(job)
             self.metrics.job_retried()
             self.log.emit("job_retry", key=job.key, attempt=attempt.number, slot=slot.index, error=error)
-        self._after_failure(slot, error, worker_lost)
+        self._after_failure(attempt, error, worker_lost)
 
-    def _after_failure(self, slot: Slot, error: str, worker_lost: bool) -> None:
+    def _after_failure(self, attempt: Attempt, error: str, worker_lost: bool) -> None:
+        slot = attempt.slot
         if len(slot.failed_jobs) >= RETIRE_AFTER:
             self._retire(slot, f"failed {len(slot.failed_jobs)} different jobs in a row; last: {error}")
         elif worker_lost:
             self.log.emit("worker_lost", slot=slot.index, node=slot.identity.get("node"), error=error)
             self._restart(slot)
         else:
-            self.idle.append(slot)
+            self._free(attempt)
+
+    def _free(self, attempt: Attempt) -> None:
+        """An attempt ended with its worker alive: a render's end frees the worker (a publish's end already did)."""
+        if not attempt.publishing:
+            self.idle.append(attempt.slot)
 
     def _abandon(self, reason: str) -> None:
         for job in self.pending:
@@ -329,8 +368,24 @@ class Scheduler:
             self._start(slot)
 
     def _restart(self, slot: Slot) -> None:
-        self._kill([slot])
+        self._kill_slot(slot, f"worker {slot.index} restarted")
         self._start(slot)
+
+    def _kill_slot(self, slot: Slot, reason: str, running: list[ray.ObjectRef] = ()) -> None:
+        """Kills `slot`'s worker, waiting for `running` (the refs of the attempt it is killed for) to end. The other
+        attempt it held goes back to pending as if never dispatched (its number given back, no worker avoided):
+        it did nothing wrong. Its half-written files go once the process is gone."""
+        others = [ref for ref in self._held_by(slot) if ref not in running]
+        cut = [self.inflight.pop(ref) for ref in others]
+        if slot in self.idle:
+            self.idle.remove(slot)
+        self._kill([slot], [*running, *others])
+        for attempt in cut:
+            storage.discard_temps(attempt.job)
+            self.attempts[attempt.job.key] -= 1
+            self._requeue(attempt.job)
+            self.log.emit("job_requeued", key=attempt.job.key, attempt=attempt.number, slot=slot.index,
+                          error=f"its worker was stopped: {reason}")
 
     def _kill(self, slots: list[Slot], running: list[ray.ObjectRef] = ()) -> None:
         for slot in slots:
@@ -353,7 +408,7 @@ class Scheduler:
     def _retire(self, slot: Slot, reason: str) -> None:
         slot.retired = True
         self.last_retired = f"worker {slot.index} {reason}"
-        self._kill([slot])
+        self._kill_slot(slot, f"worker {slot.index} retired")
         self.log.emit("worker_retired", slot=slot.index, node=slot.identity.get("node"), reason=reason)
 
     def _stop_workers(self) -> None:

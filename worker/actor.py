@@ -121,8 +121,19 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     return _Cosmos3Renderer(pipeline, device, facts)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Rendered:
+    """A render waiting for its publish: the pipeline's output, its soundtrack, and when it started and ended."""
+
+    output: Output
+    sound: encode.Soundtrack | None
+    started: float  # time.time()
+    rendered: float
+
+
 class RenderWorker:
-    """Created by the driver with `ray.remote(RenderWorker).options(num_gpus=1, ...)`; one job at a time."""
+    """Created by the driver with `ray.remote(RenderWorker).options(num_gpus=1, max_concurrency=2, ...)`: one render
+    at a time, and one publish beside it (the driver's scheduler keeps to that)."""
 
     def __init__(self, model: ModelSpec, factory: PipelineFactory, origin: dict[str, Any], slot: int):
         """`origin`: the run id (`run`), the output root (`root`) and the manifest's path and sha256, recorded in
@@ -139,6 +150,7 @@ class RenderWorker:
         self._ready_seconds = time.perf_counter() - started
         self._origin = origin
         self._progress = metrics.WorkerProgress(slot)
+        self._rendered: dict[tuple[str, int], _Rendered] = {}  # (job key, attempt) -> a render its publish takes
         self._identity = {
             "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),
             "gpu": list(gpus), "device": self._renderer.device, "pid": os.getpid(), **self._renderer.facts,
@@ -154,34 +166,42 @@ class RenderWorker:
         return self._identity
 
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
-        """Renders `job`, publishes media (its sound muxed in), the WAV if asked, then the sidecar, and returns
-        a small summary for the driver."""
+        """Renders `job` and keeps its output for `publish`; returns as soon as the GPU is free for the next job."""
         started = time.time()
         try:
             output = self._renderer(job.request, StepProgress(self._progress, job.key))
         except VAELoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
-        rendered = time.time()
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
+        self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time())
+        return {"key": job.key, "attempt": attempt}
+
+    def publish(self, job: Job, attempt: int) -> dict[str, Any]:
+        """Publishes what `render` kept for this attempt: media (its sound muxed in), the WAV if asked, then the
+        sidecar. Runs beside the worker's next render (the actor has two threads), so the GPU does not wait for an
+        encode. Returns a small summary for the driver."""
+        kept = self._rendered.pop((job.key, attempt))
+        output, sound, started, rendered = kept.output, kept.sound, kept.started, kept.rendered
         encoded: list[float] = []
 
         def write(temp: Path) -> None:
             encode.write_media(output.frames, output.fps, temp, image=job.request.task == "t2i", sound=sound)
-            encoded.append(time.time() - rendered)
+            encoded.append(time.time() - published)
 
+        published = time.time()
         media = storage.publish(Path(job.media), attempt, write, root=self._origin["root"])
         wav = None if job.wav is None else storage.publish(
             Path(job.wav), attempt, lambda temp: encode.write_wav(sound, temp), root=self._origin["root"])
         finished = time.time()
         # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
-        timings = {**output.timings, "media_encode": encoded[0], "publish": finished - rendered}
+        timings = {**output.timings, "media_encode": encoded[0], "publish": finished - published}
         measured = output.memory
         figures = {
             "timings": timings,
             "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
-            "gpu_seconds": finished - started if self._gpu else None,  # the GPU is this job's until published
+            "gpu_seconds": rendered - started if self._gpu else None,  # the GPU is the next job's once rendered
             "worker_start": self._worker_start(),
         }
         record = storage.sidecar_record(

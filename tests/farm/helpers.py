@@ -133,3 +133,9 @@ def local_cluster(**options: Any) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def render_and_publish(worker, job, attempt: int = 1) -> dict:
+    """An attempt as the driver runs it on a RenderWorker actor: its render, then its publish's summary."""
+    ray.get(worker.render.remote(job, attempt))
+    return ray.get(worker.publish.remote(job, attempt))

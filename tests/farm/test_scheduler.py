@@ -76,6 +76,44 @@ def test_worker_killed_mid_job_is_retried_on_another_worker(tmp_path):
     assert len(output_files(root)) == 2 * len(jobs) and not temp_files(root)
 
 
+def test_a_worker_renders_its_next_job_while_it_publishes_the_last(tmp_path):
+    """One worker: seed 0's publish holds until seed 1's render begins, which only a worker free during a publish
+    can do; the GPU then never waits for an encode."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    factory = functools.partial(fakes.publish_beside_render, markers=str(markers))
+    report = _submit(write_manifest(tmp_path, [{"id": "clip", "prompt": "x", "seeds": [0, 1]}]), factory=factory,
+                     workers=1)
+    root = tmp_path / "out"
+
+    assert report.ok and (markers / "overlapped").exists()
+    order = [(e["event"], e["key"]) for e in events(root) if e["event"] in ("job_started", "job_rendered", "job_done")]
+    assert order.index(("job_rendered", "clip@0")) < order.index(("job_started", "clip@1")) \
+        < order.index(("job_done", "clip@0"))
+    sidecar = json.loads((root / "test/clip_s0.mp4.json").read_text())
+    assert sidecar["gpu_seconds"] is None  # a CPU worker's (its render and publish timings are kept)
+    assert sidecar["timings"]["publish"] >= sidecar["timings"]["media_encode"] > 0
+
+
+def test_a_worker_lost_while_it_publishes_one_job_and_renders_another_loses_neither(tmp_path):
+    """Seed 1's render kills the worker while seed 0 publishes: the render takes the blame (its attempt counts, it
+    retries), the publish goes back to pending with its attempt given back; both end done."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    factory = functools.partial(fakes.publish_beside_render, markers=str(markers), crash=True)
+    report = _submit(write_manifest(tmp_path, [{"id": "clip", "prompt": "x", "seeds": [0, 1]}]), factory=factory,
+                     workers=1)
+    root = tmp_path / "out"
+
+    assert report.ok and not temp_files(root)
+    requeued = [e for e in events(root) if e["event"] == "job_requeued"]
+    retried = [e for e in events(root) if e["event"] == "job_retry"]
+    assert [e["key"] for e in requeued] == ["clip@0"] and [e["key"] for e in retried] == ["clip@1"]
+    assert requeued[0]["error"].startswith("its worker was stopped") and "worker lost" in retried[0]["error"]
+    attempts = {seed: json.loads((root / f"test/clip_s{seed}.mp4.json").read_text())["attempt"] for seed in (0, 1)}
+    assert attempts == {0: 1, 1: 2}
+
+
 def test_always_failing_job_ends_failed_with_its_error_and_the_exit_code_is_not_zero(tmp_path, capsys):
     jobs = [{"id": "good", "prompt": "fine"}, {"id": "bad", "prompt": "fail"}, {"id": "also-good", "prompt": "ok"}]
     args = build_parser().parse_args(["submit", str(write_manifest(tmp_path, jobs)), "--no-progress"])

@@ -16,7 +16,7 @@ from cosmos3.request import RequestRules
 from farm import manifest, storage
 from farm.errors import WorkerStartError
 from tests.farm import fakes
-from tests.farm.helpers import local_cluster, output_files, write_manifest
+from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_manifest
 from worker import fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
@@ -45,7 +45,7 @@ def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tm
     m = _manifest(tmp_path)
     worker = _worker(m)
     identity = ray.get(worker.ready.remote())
-    results = ray.get([worker.render.remote(job, 1) for job in m.jobs])
+    results = [render_and_publish(worker, job) for job in m.jobs]
     ray.kill(worker)
 
     assert identity["gpu"] == ["0"] and identity["slot"] == 0 and identity["node"]
@@ -98,7 +98,7 @@ def test_the_sidecar_records_the_gpu_uuid_and_where_the_ops_came_from(cluster, t
     worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(
         m.model, _renderer_on_a_gpu, {**ORIGIN, "root": m.output_root}, 0)
     identity = ray.get(worker.ready.remote())
-    ray.get(worker.render.remote(m.jobs[1], 1))
+    render_and_publish(worker, m.jobs[1])
     ray.kill(worker)
     record = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())
     assert record["worker"] == identity and identity["gpu"] == ["0"]
@@ -162,7 +162,7 @@ def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_p
     m = _manifest(tmp_path)
     worker = _worker(m, _renderer_with_a_background_vae)
     ray.get(worker.ready.remote())
-    ray.get(worker.render.remote(m.jobs[1], 1))
+    render_and_publish(worker, m.jobs[1])
     ray.kill(worker)
     start = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())["worker_start"]
     assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0

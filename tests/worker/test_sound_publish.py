@@ -20,7 +20,7 @@ import ray
 
 from cosmos3.request import RenderRequest
 from farm import manifest, storage
-from tests.farm.helpers import local_cluster, write_manifest
+from tests.farm.helpers import local_cluster, render_and_publish, write_manifest
 from tests.tiny_checkpoint import make_tiny_checkpoint
 from worker import fake
 from worker.actor import RenderWorker, cosmos3_factory
@@ -41,7 +41,7 @@ def _render(m: manifest.Manifest, factory, job, attempt: int = 1):
     Path(m.output_root).mkdir(exist_ok=True)  # the driver makes it at submit start; publishing never does
     worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, factory, origin, 0)
     try:
-        return ray.get(worker.render.remote(job, attempt))
+        return render_and_publish(worker, job, attempt)
     finally:
         ray.kill(worker)
 
