@@ -125,17 +125,19 @@ def truncating_once(model, gpu: bool, *, markers: str, seconds_per_step: float =
 
 
 class _MarksSeedOne(FakeRenderer):
-    """Marks seed 1's first render as begun (the marker `render-s1`). With `crash` it first waits for seed 0's
-    first publish to be under way (the marker `publish-s0`), then kills its worker."""
+    """Marks seed 1's first render as begun (the marker `render-s1`). With `hold` ("crash" or "hang") it then waits
+    for seed 0's first publish to be under way (the marker `publish-s0`), and kills its worker or never returns."""
 
-    def __init__(self, rules: RequestRules, markers: str, crash: bool, seconds_per_step: float):
+    def __init__(self, rules: RequestRules, markers: str, hold: str | None, seconds_per_step: float):
         super().__init__(rules, seconds_per_step)
-        self.markers, self.crash = Path(markers), crash
+        self.markers, self.hold = Path(markers), hold
 
     def __call__(self, request: RenderRequest, callback):
-        if request.seed == 1 and _first_time(str(self.markers), "render-s1") and self.crash:
+        if request.seed == 1 and _first_time(str(self.markers), "render-s1") and self.hold:
             _wait_for_file(self.markers / "publish-s0")
-            os._exit(1)
+            if self.hold == "crash":
+                os._exit(1)
+            time.sleep(3600)
         return super().__call__(request, callback)
 
 
@@ -146,22 +148,23 @@ def _wait_for_file(path: Path, seconds: float = 60.0) -> bool:
     return path.exists()
 
 
-def publish_beside_render(model, gpu: bool, *, markers: str, crash: bool = False,
+def publish_beside_render(model, gpu: bool, *, markers: str, hold: str | None = None,
                           seconds_per_step: float = 0.01) -> FakeRenderer:
     """For a job of seeds 0 and 1 on one worker. Seed 0's first publish holds until seed 1's render has begun, which
-    can only happen beside it, then marks `overlapped` (after 60 s it gives up unmarked). With `crash`, seed 0's
-    first publish holds until its worker dies: seed 1's first render kills it once that publish is under way."""
+    can only happen beside it, then marks `overlapped` (after 60 s it gives up unmarked). With `hold`, seed 0's first
+    publish never returns, and seed 1's first render, once that publish is under way, kills the worker ("crash")
+    or never returns either ("hang": the job's timeout kills the worker)."""
     from worker import encode
 
     real = encode.write_media
 
     def write_media(frames, fps, path, **kwargs):
         if "_s0." in path.name and _first_time(markers, "publish-s0"):
-            if crash:
+            if hold:
                 time.sleep(3600)  # killed with its worker
             if _wait_for_file(Path(markers) / "render-s1"):
                 (Path(markers) / "overlapped").touch()
         real(frames, fps, path, **kwargs)
 
     encode.write_media = write_media
-    return _MarksSeedOne(RequestRules.from_checkpoint(model.checkpoint), markers, crash, seconds_per_step)
+    return _MarksSeedOne(RequestRules.from_checkpoint(model.checkpoint), markers, hold, seconds_per_step)

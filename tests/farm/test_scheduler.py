@@ -100,7 +100,7 @@ def test_a_worker_lost_while_it_publishes_one_job_and_renders_another_loses_neit
     retries), the publish goes back to pending with its attempt given back; both end done."""
     markers = tmp_path / "markers"
     markers.mkdir()
-    factory = functools.partial(fakes.publish_beside_render, markers=str(markers), crash=True)
+    factory = functools.partial(fakes.publish_beside_render, markers=str(markers), hold="crash")
     report = _submit(write_manifest(tmp_path, [{"id": "clip", "prompt": "x", "seeds": [0, 1]}]), factory=factory,
                      workers=1)
     root = tmp_path / "out"
@@ -112,6 +112,25 @@ def test_a_worker_lost_while_it_publishes_one_job_and_renders_another_loses_neit
     assert requeued[0]["error"].startswith("its worker was stopped") and "worker lost" in retried[0]["error"]
     attempts = {seed: json.loads((root / f"test/clip_s{seed}.mp4.json").read_text())["attempt"] for seed in (0, 1)}
     assert attempts == {0: 1, 1: 2}
+
+
+def test_a_publish_past_its_timeout_takes_the_render_beside_it_back_to_the_queue(tmp_path):
+    """Seed 0's publish and seed 1's render both hang on one worker; seed 0's timeout kills the worker: seed 0
+    retries (attempt 2), seed 1 is requeued with its attempt given back, and both end done."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    factory = functools.partial(fakes.publish_beside_render, markers=str(markers), hold="hang")
+    jobs = [{"id": "clip", "prompt": "x", "seeds": [0, 1], "timeout": 3}]
+    report = _submit(write_manifest(tmp_path, jobs), factory=factory, workers=1)
+    root = tmp_path / "out"
+
+    assert report.ok and not temp_files(root)
+    logged = events(root)
+    assert [e["key"] for e in logged if e["event"] == "job_timeout"] == ["clip@0"]
+    requeued = [e for e in logged if e["event"] == "job_requeued"]
+    assert [e["key"] for e in requeued] == ["clip@1"] and "clip@0 timed out" in requeued[0]["error"]
+    attempts = {seed: json.loads((root / f"test/clip_s{seed}.mp4.json").read_text())["attempt"] for seed in (0, 1)}
+    assert attempts == {0: 2, 1: 1}
 
 
 def test_always_failing_job_ends_failed_with_its_error_and_the_exit_code_is_not_zero(tmp_path, capsys):
