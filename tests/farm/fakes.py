@@ -7,6 +7,7 @@ exists, so a test decides when it may finish. Otherwise it is `worker.fake`'s sl
 
 Factories that fail a worker's start do it in `__init__` (`bad_gpu_zero`, `no_gpu_works`) or, as a GPU worker whose
 VAE's background build failed, in every job after `ready()` (`vae_fails_on_gpu_zero`, `no_vae_loads`).
+`publish_beside_render` holds one seed's publish beside the next seed's render (and can crash or hang them there).
 """
 
 from __future__ import annotations
