@@ -173,7 +173,7 @@ class Scheduler:
 
     def _render_on(self, slot: Slot) -> ray.ObjectRef | None:
         """The ref of the render in flight on `slot`'s worker, if one is."""
-        return next((ref for ref, a in self.inflight.items() if a.slot is slot and not a.publishing), None)
+        return next((ref for ref in self._held_by(slot) if not self.inflight[ref].publishing), None)
 
     def _held_by(self, slot: Slot) -> list[ray.ObjectRef]:
         """The refs of the attempts in flight on `slot`'s worker: a render, publishes, or both."""
@@ -210,7 +210,7 @@ class Scheduler:
         for ref in ready:
             if ref in self.starting:
                 self._on_started(self.starting.pop(ref), ref)
-            elif ref in self.inflight:  # not when its worker was stopped for the other attempt it held
+            else:
                 self._on_result(self.inflight.pop(ref), ref)
 
     def _on_started(self, slot: Slot, ref: ray.ObjectRef) -> None:

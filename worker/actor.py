@@ -132,8 +132,8 @@ class _Rendered:
 
 
 class RenderWorker:
-    """Created by the driver with `ray.remote(RenderWorker).options(num_gpus=1, max_concurrency=2, ...)`: one render
-    at a time, and one publish beside it (the driver's scheduler keeps to that)."""
+    """Created by the driver with `ray.remote(RenderWorker).options(num_gpus=1, max_concurrency=2, ...)`: two calls at
+    a time, a render and a publish or two publishes, never two renders (the driver's scheduler keeps to that)."""
 
     def __init__(self, model: ModelSpec, factory: PipelineFactory, origin: dict[str, Any], slot: int):
         """`origin`: the run id (`run`), the output root (`root`) and the manifest's path and sha256, recorded in
@@ -183,25 +183,25 @@ class RenderWorker:
         sidecar. Runs beside the worker's next render (the actor has two threads), so the GPU does not wait for an
         encode. Returns a small summary for the driver."""
         kept = self._rendered.pop((job.key, attempt))
-        output, sound, started, rendered = kept.output, kept.sound, kept.started, kept.rendered
+        output, sound = kept.output, kept.sound
         encoded: list[float] = []
 
         def write(temp: Path) -> None:
             encode.write_media(output.frames, output.fps, temp, image=job.request.task == "t2i", sound=sound)
-            encoded.append(time.time() - published)
+            encoded.append(time.time() - publish_started)
 
-        published = time.time()
+        publish_started = time.time()
         media = storage.publish(Path(job.media), attempt, write, root=self._origin["root"])
         wav = None if job.wav is None else storage.publish(
             Path(job.wav), attempt, lambda temp: encode.write_wav(sound, temp), root=self._origin["root"])
         finished = time.time()
         # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
-        timings = {**output.timings, "media_encode": encoded[0], "publish": finished - published}
+        timings = {**output.timings, "media_encode": encoded[0], "publish": finished - publish_started}
         measured = output.memory
         figures = {
             "timings": timings,
             "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
-            "gpu_seconds": rendered - started if self._gpu else None,  # the GPU is the next job's once rendered
+            "gpu_seconds": kept.rendered - kept.started if self._gpu else None,  # the GPU is free once rendered
             "worker_start": self._worker_start(),
         }
         record = storage.sidecar_record(
@@ -209,11 +209,11 @@ class RenderWorker:
             manifest=self._origin, worker=self._identity,
             checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
             step_policy=output.info.get("step_policy"), attention=output.info.get("attention"),
-            started=started, finished=finished, **figures,
+            started=kept.started, finished=finished, **figures,
         )
         storage.write_json(storage.sidecar_path(job.media), record, attempt, root=self._origin["root"])
         return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
-                "started": started, "finished": time.time()}
+                "started": kept.started, "finished": time.time()}
 
     def _worker_start(self) -> dict[str, Any]:
         """The start's figures, read per job: the VAE's seconds arrive when its background build ends."""
