@@ -30,6 +30,7 @@ from benchmarks.bench_transformer import timed  # noqa: E402
 from cosmos3 import ops  # noqa: E402
 from cosmos3.layers.attention_kernels import (  # noqa: E402
     CudnnFp8Kernel,
+    Fa3Kernel,
     FlashInferKernel,
     SdpaKernel,
     exact_attention,
@@ -93,6 +94,14 @@ def candidates() -> dict:
         found["cudnn-fp8, V not smoothed"] = (lambda q, k, v: fp8_raw_v(q, k, v, causal=False), note)
     except Exception as err:  # noqa: BLE001 - report why it could not run
         missing["cudnn-fp8"] = f"{type(err).__name__}: {err}"
+    try:
+        from importlib.metadata import version
+
+        note = f"fa3-fwd {version('fa3-fwd')} (prebuilt)"
+        for kernel in (Fa3Kernel(fp8=False), Fa3Kernel(fp8=True)):
+            found[kernel.name] = (lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=False), note)
+    except Exception as err:  # noqa: BLE001
+        missing["fa3-fwd"] = f"{type(err).__name__}: {err}"
     try:
         import flashinfer
 

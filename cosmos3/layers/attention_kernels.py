@@ -262,16 +262,60 @@ class _CudnnFp8Plan:
         return {"bf16_output": self.bf16_out, "expanded_kv": self.expand_kv}
 
 
-FA3_HEAD_DIMS = (64, 128, 256)
-
-
-class FlashInferKernel:
-    """FlashInfer's FA3 prefill kernel for one sequence (sm_90), BF16 or FP8 (the recipe above, one scale per
-    tensor handed to the kernel as per-head scales; O comes back in BF16). FlashInfer compiles the kernel
-    on first use (its JIT needs nvcc) unless its prebuilt ``flashinfer-jit-cache`` matches."""
+class _Fa3Family:
+    """What FA3-based kernels share: BF16 straight through, or FP8 by the recipe above, whose one scale per
+    tensor goes to the kernel as per-head descales; O comes back in BF16 (FA3 writes BF16 O on Hopper).
+    A subclass sets ``head_dims`` and the two calls on token-major tensors: ``_bf16(q, k, v, causal)`` and
+    ``_fp8(q8, k8, v8, (sq, sk, sv), causal, out_dtype)``, each returning ``[Sq, nh, hd]``."""
 
     # cuDNN FP8's measured crossover; FA3 FP8 is no cheaper below it (1,024 queries: 0.403 ms, BF16 FA3 0.068).
     min_queries = CudnnFp8Kernel.min_queries
+    head_dims: tuple[int, ...] = ()
+
+    def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
+        if not self.fp8:
+            return self._bf16(q, k, v, causal).reshape(q.shape[0], -1)
+        (q8, k8, v8), scales, v_mean = fp8_inputs(q, k, v)
+        out = self._fp8(q8, k8, v8, scales, causal, q.dtype)  # [Sq, nh, hd]
+        return add_value_mean(out.reshape(q.shape[0], -1), v_mean, q.shape[1] // k.shape[1])
+
+    def prepare(self, device: torch.device, head_dim: int) -> None:
+        """Load (or build) the kernel for ``head_dim`` now, at model load, with one small call; raises where it
+        cannot run here (a library that does not load, no nvcc for a JIT, an unsupported head_dim)."""
+        if head_dim not in self.head_dims:
+            raise ValueError(f"{self.name} has kernels for head_dim {self.head_dims}, not {head_dim}")
+        q = torch.randn(128, 1, head_dim, device=device, dtype=torch.bfloat16)
+        self(q, q, q, causal=False)
+
+
+class Fa3Kernel(_Fa3Family):
+    """FlashAttention-3's own Hopper kernels, prebuilt: the ``fa3-fwd`` wheel (forward only, sm_90a, CUDA 13),
+    so no JIT and no CUDA toolkit on the node. Its FP8 descales are ``[batch, nkv]``."""
+
+    head_dims = (64, 96, 128, 192, 256)
+
+    def __init__(self, *, fp8: bool):
+        from fa3_fwd_interface import flash_attn_func  # loads the kernels; fails here if they cannot run
+
+        self._attention = flash_attn_func
+        self.fp8 = fp8
+        self.name = "fa3-fp8" if fp8 else "fa3"
+
+    def _bf16(self, q, k, v, causal):
+        return self._attention(q[None], k[None], v[None], causal=causal)[0]  # [1, S, heads, hd] views
+
+    def _fp8(self, q8, k8, v8, scales, causal, out_dtype):
+        descales = {f"{name}_descale": s.reshape(1, 1).expand(1, k8.shape[1]).contiguous()  # [1, nkv] fp32
+                    for name, s in zip("qkv", scales, strict=True)}
+        return self._attention(q8[None], k8[None], v8[None], causal=causal, **descales)[0].to(out_dtype)
+
+
+class FlashInferKernel(_Fa3Family):
+    """FlashInfer's FA3 prefill kernel for one sequence (sm_90), BF16 or FP8 (its descales are per head).
+    FlashInfer compiles the kernel on first use (its JIT needs nvcc) unless its prebuilt
+    ``flashinfer-jit-cache`` matches."""
+
+    head_dims = (64, 128, 256)
 
     def __init__(self, *, fp8: bool):
         import flashinfer
@@ -280,61 +324,56 @@ class FlashInferKernel:
         self.fp8 = fp8
         self.name = "flashinfer-fa3-fp8" if fp8 else "flashinfer-fa3"
 
-    def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
-        if not self.fp8:
-            return self._prefill(q, k, v, causal=causal, backend="fa3").reshape(q.shape[0], -1)
-        (q8, k8, v8), (sq, sk, sv), v_mean = fp8_inputs(q, k, v)
-        heads = {"scale_q": (sq, q.shape[1]), "scale_k": (sk, k.shape[1]), "scale_v": (sv, v.shape[1])}
-        scales = {name: s.expand(n).contiguous() for name, (s, n) in heads.items()}  # [heads] fp32
-        out = self._prefill(q8, k8, v8, **scales, o_dtype=q.dtype, causal=causal, backend="fa3")  # [Sq, nh, hd]
-        return add_value_mean(out.reshape(q.shape[0], -1), v_mean, q.shape[1] // k.shape[1])
+    def _bf16(self, q, k, v, causal):
+        return self._prefill(q, k, v, causal=causal, backend="fa3")
 
-    def prepare(self, device: torch.device, head_dim: int) -> None:
-        """Build (or load from FlashInfer's cache) the kernel for ``head_dim`` now, at model load, with one
-        small call; raises where it cannot run here (no nvcc for the JIT, an unsupported head_dim)."""
-        if head_dim not in FA3_HEAD_DIMS:
-            raise ValueError(f"FA3 kernels exist for head_dim {FA3_HEAD_DIMS}, not {head_dim}")
-        q = torch.randn(128, 1, head_dim, device=device, dtype=torch.bfloat16)
-        self(q, q, q, causal=False)
+    def _fp8(self, q8, k8, v8, scales, causal, out_dtype):
+        heads = (q8.shape[1], k8.shape[1], v8.shape[1])
+        per_head = {f"scale_{name}": s.expand(n).contiguous()  # [heads] fp32
+                    for name, s, n in zip("qkv", scales, heads, strict=True)}
+        return self._prefill(q8, k8, v8, **per_head, o_dtype=out_dtype, causal=causal, backend="fa3")
 
 
 # ------------------------------------------------------------------ the choice
 
-def _fa3_serves(capability: tuple[int, int] | None, flashinfer: bool) -> bool:
-    """FlashInfer's FA3 kernels run on Hopper (sm_90a) only."""
-    return flashinfer and capability == (9, 0)
+def _fa3_names(capability: tuple[int, int] | None, fa3: bool, flashinfer: bool) -> list[str]:
+    """The FA3 kernels installed, fastest first (their BF16 names); FA3 runs on Hopper (sm_90a) only.
+    ``fa3``: the prebuilt ``fa3-fwd`` wheel; ``flashinfer``: flashinfer-python (JIT-compiled FA3)."""
+    if capability != (9, 0):
+        return []
+    return [name for name, installed in (("fa3", fa3), ("flashinfer-fa3", flashinfer)) if installed]
 
 
 def bf16_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn_available: bool,
-                      flashinfer: bool) -> list[str]:
+                      flashinfer: bool, *, fa3: bool = False) -> list[str]:
     """The BF16 kernels for a device, fastest first (bench_attention.py on the H200 at 44,160 tokens:
-    FlashInfer FA3 663, SDPA cuDNN 625, SDPA flash 356 TFLOP/s); torch's own dispatch off CUDA.
-    ``flashinfer``: the package is installed (FA3 needs exactly sm_90, Hopper)."""
+    FA3 (fa3-fwd) FA3_BF16_TFLOPS, FlashInfer FA3 663, SDPA cuDNN 625, SDPA flash 356 TFLOP/s); torch's own
+    dispatch off CUDA."""
     if device_type != "cuda":
         return ["sdpa"]
-    names = ["flashinfer-fa3"] if _fa3_serves(capability, flashinfer) else []
+    names = _fa3_names(capability, fa3, flashinfer)
     if capability is not None and capability >= (9, 0) and cudnn_available:
         names.append("sdpa-cudnn")
     return names + ["sdpa-flash"]
 
 
 def fp8_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool,
-                     flashinfer: bool) -> list[str]:
-    """The FP8 kernels for a device, fastest first: FlashInfer's FA3 on sm_90 (847 vs cuDNN's 799 TFLOP/s
-    on the H200), ``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend (cuDNN also serves FP8 SDPA on
-    Blackwell, with BF16 O; not yet measured there); the fp32 reference math on CPU."""
+                     flashinfer: bool, *, fa3: bool = False) -> list[str]:
+    """The FP8 kernels for a device, fastest first: FA3's on sm_90 (on the H200: fa3-fwd FA3_FP8_TFLOPS,
+    FlashInfer 847, cuDNN 799 TFLOP/s), ``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend (cuDNN also serves
+    FP8 SDPA on Blackwell, with BF16 O; not yet measured there); the fp32 reference math on CPU."""
     if device_type == "cpu":
         return ["fp8-reference"]
     if device_type != "cuda" or capability is None or capability < (9, 0):
         raise ConfigError(f"attention='fp8' needs an sm_90+ (Hopper or Blackwell) GPU, got {device_type} "
                           f"with compute capability {capability}; use attention='auto'")
-    names = ["flashinfer-fa3-fp8"] if _fa3_serves(capability, flashinfer) else []
+    names = [f"{name}-fp8" for name in _fa3_names(capability, fa3, flashinfer)]
     if cudnn_frontend:
         names.append("cudnn-fp8")
     if not names:
-        raise ConfigError("attention='fp8' runs FlashInfer's or cuDNN's FP8 attention, and neither flashinfer-python "
-                          "(Hopper) nor nvidia-cudnn-frontend is installed: pip install "
-                          "'cosmos3-farm[fp8-attention]', or use attention='auto'")
+        raise ConfigError("attention='fp8' runs FA3's FP8 attention (Hopper: fa3-fwd or flashinfer-python) or cuDNN's "
+                          "(nvidia-cudnn-frontend), and none is installed: pip install 'cosmos3-farm[fp8-attention]', "
+                          "or use attention='auto'")
     return names
 
 
@@ -351,6 +390,8 @@ def _installed(module: str) -> bool:
 
 
 def _make_kernel(name: str):
+    if name in ("fa3", "fa3-fp8"):
+        return Fa3Kernel(fp8=name.endswith("fp8"))
     if name.startswith("flashinfer-fa3"):
         return FlashInferKernel(fp8=name.endswith("fp8"))
     if name == "cudnn-fp8":
@@ -429,11 +470,13 @@ class AttentionKernels:
         key = (device.type, device.index, fp8)
         if key not in self._kernels:
             device_type, capability = _device_facts(device)
-            flashinfer = self.head_dim in FA3_HEAD_DIMS and _installed("flashinfer")
+            flashinfer = self.head_dim in FlashInferKernel.head_dims and _installed("flashinfer")
+            fa3 = self.head_dim in Fa3Kernel.head_dims and _installed("fa3_fwd_interface")
             if fp8:
-                names = fp8_kernel_names(device_type, capability, _installed("cudnn"), flashinfer)
+                names = fp8_kernel_names(device_type, capability, _installed("cudnn"), flashinfer, fa3=fa3)
             else:
-                names = bf16_kernel_names(device_type, capability, torch.backends.cudnn.is_available(), flashinfer)
+                names = bf16_kernel_names(device_type, capability, torch.backends.cudnn.is_available(), flashinfer,
+                                          fa3=fa3)
             self._kernels[key] = self._first_that_runs(names, device)
         return self._kernels[key]
 

@@ -83,27 +83,32 @@ def test_attention_choice_module_needs_no_torch():
 
 # ------------------------------------------------------------------ which kernel
 
-@pytest.mark.parametrize("device_type, capability, cudnn, flashinfer, expected", [
-    ("cpu", None, True, True, ["sdpa"]),
-    ("cuda", (9, 0), True, True, ["flashinfer-fa3", "sdpa-cudnn", "sdpa-flash"]),
-    ("cuda", (9, 0), True, False, ["sdpa-cudnn", "sdpa-flash"]),
-    ("cuda", (10, 0), True, True, ["sdpa-cudnn", "sdpa-flash"]),  # FA3 is Hopper-only
-    ("cuda", (8, 0), True, True, ["sdpa-flash"]),
-    ("cuda", (9, 0), False, False, ["sdpa-flash"]),
+@pytest.mark.parametrize("device_type, capability, cudnn, flashinfer, fa3, expected", [
+    ("cpu", None, True, True, True, ["sdpa"]),
+    ("cuda", (9, 0), True, True, False, ["flashinfer-fa3", "sdpa-cudnn", "sdpa-flash"]),
+    ("cuda", (9, 0), True, True, True, ["fa3", "flashinfer-fa3", "sdpa-cudnn", "sdpa-flash"]),
+    ("cuda", (9, 0), True, False, True, ["fa3", "sdpa-cudnn", "sdpa-flash"]),
+    ("cuda", (9, 0), True, False, False, ["sdpa-cudnn", "sdpa-flash"]),
+    ("cuda", (10, 0), True, True, True, ["sdpa-cudnn", "sdpa-flash"]),  # FA3 is Hopper-only
+    ("cuda", (8, 0), True, True, True, ["sdpa-flash"]),
+    ("cuda", (9, 0), False, False, False, ["sdpa-flash"]),
 ])
-def test_auto_prefers_the_fastest_bf16_kernel_of_the_device(device_type, capability, cudnn, flashinfer, expected):
-    assert bf16_kernel_names(device_type, capability, cudnn, flashinfer) == expected
+def test_auto_prefers_the_fastest_bf16_kernel_of_the_device(device_type, capability, cudnn, flashinfer, fa3,
+                                                            expected):
+    assert bf16_kernel_names(device_type, capability, cudnn, flashinfer, fa3=fa3) == expected
 
 
-@pytest.mark.parametrize("device_type, capability, frontend, flashinfer, expected", [
-    ("cpu", None, False, False, ["fp8-reference"]),
-    ("cuda", (9, 0), True, True, ["flashinfer-fa3-fp8", "cudnn-fp8"]),
-    ("cuda", (9, 0), True, False, ["cudnn-fp8"]),
-    ("cuda", (9, 0), False, True, ["flashinfer-fa3-fp8"]),
-    ("cuda", (10, 0), True, True, ["cudnn-fp8"]),
+@pytest.mark.parametrize("device_type, capability, frontend, flashinfer, fa3, expected", [
+    ("cpu", None, False, False, False, ["fp8-reference"]),
+    ("cuda", (9, 0), True, True, False, ["flashinfer-fa3-fp8", "cudnn-fp8"]),
+    ("cuda", (9, 0), True, True, True, ["fa3-fp8", "flashinfer-fa3-fp8", "cudnn-fp8"]),
+    ("cuda", (9, 0), False, False, True, ["fa3-fp8"]),
+    ("cuda", (9, 0), True, False, False, ["cudnn-fp8"]),
+    ("cuda", (9, 0), False, True, False, ["flashinfer-fa3-fp8"]),
+    ("cuda", (10, 0), True, True, True, ["cudnn-fp8"]),
 ])
-def test_fp8_kernels_of_the_device(device_type, capability, frontend, flashinfer, expected):
-    assert fp8_kernel_names(device_type, capability, frontend, flashinfer) == expected
+def test_fp8_kernels_of_the_device(device_type, capability, frontend, flashinfer, fa3, expected):
+    assert fp8_kernel_names(device_type, capability, frontend, flashinfer, fa3=fa3) == expected
 
 
 def test_fp8_refused_on_a_gpu_before_hopper():
@@ -112,8 +117,9 @@ def test_fp8_refused_on_a_gpu_before_hopper():
 
 
 def test_fp8_refused_without_a_library_for_the_device():
-    with pytest.raises(ConfigError, match=r"neither flashinfer-python \(Hopper\) nor nvidia-cudnn-frontend"):
-        fp8_kernel_names("cuda", (10, 0), False, True)  # FlashInfer's FA3 does not serve Blackwell
+    with pytest.raises(ConfigError, match=r"FA3's FP8 attention \(Hopper: fa3-fwd or flashinfer-python\) or "
+                                          r"cuDNN's \(nvidia-cudnn-frontend\), and none is installed"):
+        fp8_kernel_names("cuda", (10, 0), False, True, fa3=True)  # FA3 does not serve Blackwell
 
 
 def test_a_kernel_that_cannot_build_here_is_passed_over_and_recorded():
@@ -216,14 +222,15 @@ def _library_kernel(name: str):
     """A kernel of ``_make_kernel``'s names, built for head_dim 128; skipped without its package."""
     from cosmos3.layers.attention_kernels import _make_kernel
 
-    pytest.importorskip("flashinfer" if name.startswith("flashinfer") else "cudnn")
+    library = {"flashinfer": "flashinfer", "fa3": "fa3_fwd_interface"}.get(name.split("-")[0], "cudnn")
+    pytest.importorskip(library)
     kernel = _make_kernel(name)
     if hasattr(kernel, "prepare"):
         kernel.prepare(torch.device("cuda"), 128)
     return kernel
 
 
-FP8_KERNELS = ["cudnn-fp8", "flashinfer-fa3-fp8"]
+FP8_KERNELS = ["cudnn-fp8", "flashinfer-fa3-fp8", "fa3-fp8"]
 
 
 @pytest.mark.gpu
@@ -239,9 +246,10 @@ def test_bf16_kernels_match_fp32(backend, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_flashinfer_bf16_matches_fp32(causal):
+@pytest.mark.parametrize("name", ["flashinfer-fa3", "fa3"])
+def test_fa3_bf16_kernels_match_fp32(name, causal):
     q, k, v = _gpu_qkv(causal)
-    out = _library_kernel("flashinfer-fa3")(q, k, v, causal=causal)
+    out = _library_kernel(name)(q, k, v, causal=causal)
     assert rel_l2(out, exact_attention(q, k, v, causal=causal)) < BF16_BOUND
 
 
