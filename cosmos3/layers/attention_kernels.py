@@ -1,5 +1,6 @@
-"""Attention kernels of the MoT layers, one choice per model: FlashInfer's FA3 (BF16 and FP8) on Hopper where
-it is installed, else torch SDPA (cuDNN backend) for BF16 and cuDNN's ``sdpa_fp8`` for FP8.
+"""Attention kernels of the MoT layers, one choice per model: on Hopper FlashAttention-3 (BF16 and FP8), from
+the prebuilt fa3-fwd wheel or FlashInfer, where installed; else torch SDPA (cuDNN backend) for BF16 and
+cuDNN's ``sdpa_fp8`` for FP8.
 
 Every kernel maps ``q [Sq, nh, hd]``, ``k/v [Sk, nkv, hd]`` (GQA, ``nh % nkv == 0``) to ``[Sq, nh*hd]``
 with softmax scale ``1/sqrt(hd)``; the token-major layout goes to the kernels as strides, never copied.
@@ -13,9 +14,10 @@ the kernel the probabilities P (<= 1 against the running row max) are FP8 with s
 Hopper cuDNN also writes O as FP8 (|O| <= max|V|, so O's scale is V's), which we dequantize.
 ``fp8_attention_reference`` is the same arithmetic in plain fp32 torch ops (CPU or GPU).
 
-bench_attention.py measured the candidates on the H200 at 44,160 x 44,672: FlashInfer 0.7.4's FA3 kernels
-are the fastest (BF16 663 TFLOP/s vs cuDNN's 625; FP8 847 at 1.6% relative L2 vs cuDNN's 799 at 2.0%),
-and at 1,024 x 1,536 its BF16 kernel takes 0.068 ms vs cuDNN's 0.097. Smoothing V is what makes cuDNN's
+bench_attention.py measured the candidates on the H200 at 44,160 x 44,672: FA3's kernels are the fastest,
+fa3-fwd 0.0.3's (BF16 666 TFLOP/s vs cuDNN's 623 in the same run; FP8 894 at 1.6% relative L2 vs cuDNN's 788
+at 2.0%) a little ahead of FlashInfer 0.7.4's (663 and 847, another run); at 1,024 x 1,536 FlashInfer's BF16
+kernel took 0.068 ms vs cuDNN's 0.097. Smoothing V is what makes cuDNN's
 FP8 usable there: without it the error grows with the key count (3.8% relative L2 at 1,536 keys, 31% at
 44,672, where the emulation stays at 3%), with it 2.0%. FA3 is Hopper-only (sm_90a): Blackwell runs cuDNN.
 """
@@ -347,7 +349,7 @@ def _fa3_names(capability: tuple[int, int] | None, fa3: bool, flashinfer: bool) 
 def bf16_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn_available: bool,
                       flashinfer: bool, *, fa3: bool = False) -> list[str]:
     """The BF16 kernels for a device, fastest first (bench_attention.py on the H200 at 44,160 tokens:
-    FA3 (fa3-fwd) FA3_BF16_TFLOPS, FlashInfer FA3 663, SDPA cuDNN 625, SDPA flash 356 TFLOP/s); torch's own
+    fa3-fwd 666, FlashInfer FA3 663, SDPA cuDNN 623, SDPA flash 354 TFLOP/s); torch's own
     dispatch off CUDA."""
     if device_type != "cuda":
         return ["sdpa"]
@@ -359,8 +361,8 @@ def bf16_kernel_names(device_type: str, capability: tuple[int, int] | None, cudn
 
 def fp8_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn_frontend: bool,
                      flashinfer: bool, *, fa3: bool = False) -> list[str]:
-    """The FP8 kernels for a device, fastest first: FA3's on sm_90 (on the H200: fa3-fwd FA3_FP8_TFLOPS,
-    FlashInfer 847, cuDNN 799 TFLOP/s), ``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend (cuDNN also serves
+    """The FP8 kernels for a device, fastest first: FA3's on sm_90 (on the H200: fa3-fwd 894,
+    FlashInfer 847, cuDNN 788-799 TFLOP/s), ``cudnn-fp8`` on sm_90+ with nvidia-cudnn-frontend (cuDNN also serves
     FP8 SDPA on Blackwell, with BF16 O; not yet measured there); the fp32 reference math on CPU."""
     if device_type == "cpu":
         return ["fp8-reference"]
