@@ -94,22 +94,16 @@ def candidates() -> dict:
         found["cudnn-fp8, V not smoothed"] = (lambda q, k, v: fp8_raw_v(q, k, v, causal=False), note)
     except Exception as err:  # noqa: BLE001 - report why it could not run
         missing["cudnn-fp8"] = f"{type(err).__name__}: {err}"
-    try:
-        from importlib.metadata import version
-
-        note = f"fa3-fwd {version('fa3-fwd')} (prebuilt)"
-        for kernel in (Fa3Kernel(fp8=False), Fa3Kernel(fp8=True)):
+    for cls, library, how in ((Fa3Kernel, "fa3-fwd", "prebuilt"),
+                              (FlashInferKernel, "flashinfer-python", "JIT-compiled on first call")):
+        try:
+            kernels = (cls(fp8=False), cls(fp8=True))
+        except Exception as err:  # noqa: BLE001
+            missing[library] = f"{type(err).__name__}: {err}"
+            continue
+        note = f"{library} {_version(library)} ({how})"
+        for kernel in kernels:
             found[kernel.name] = (lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=False), note)
-    except Exception as err:  # noqa: BLE001
-        missing["fa3-fwd"] = f"{type(err).__name__}: {err}"
-    try:
-        import flashinfer
-
-        note = f"flashinfer {flashinfer.__version__} (JIT-compiled on first call)"
-        for kernel in (FlashInferKernel(fp8=False), FlashInferKernel(fp8=True)):
-            found[kernel.name] = (lambda q, k, v, kernel=kernel: kernel(q, k, v, causal=False), note)
-    except Exception as err:  # noqa: BLE001
-        missing["flashinfer"] = f"{type(err).__name__}: {err}"
     try:
         from sageattention import sageattn
 
@@ -120,6 +114,15 @@ def candidates() -> dict:
     except Exception as err:  # noqa: BLE001
         missing["sageattention"] = f"{type(err).__name__}: {err}"
     return found, missing
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:  # a copy of the package without its metadata (as carried to a test machine)
+        return "(version unknown)"
 
 
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
