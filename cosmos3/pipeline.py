@@ -314,7 +314,8 @@ class Cosmos3Pipeline:
         # Schedulers keep per-step state (UniPC's history of model outputs): sound steps its own copy, as diffusers.
         sound_scheduler = copy.deepcopy(scheduler) if plan.sound_frames is not None else None
         timesteps = scheduler.timesteps
-        guidances = [guidance_at(float(t), plan.guidance, plan.guidance_interval) for t in timesteps]
+        times = [float(t) for t in timesteps.tolist()]  # read from the device once, not once a step
+        guidances = [guidance_at(t, plan.guidance, plan.guidance_interval) for t in times]
         # Two UND caches, as cond and uncond texts differ; the uncond one only if some step runs CFG.
         und_start = clock()
         branches = (
@@ -331,7 +332,7 @@ class Cosmos3Pipeline:
         for i, t in enumerate(timesteps):
             step_start = clock()
             self.model.set_denoising_step(i, len(timesteps))  # once, before both CFG passes
-            v, v_sound = self._velocity(latents, sound, float(t), guidances[i], branches, plan, cond)
+            v, v_sound = self._velocity(latents, sound, times[i], guidances[i], branches, plan, cond)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
             if sound is not None:
                 sound = scheduler_step(sound_scheduler, v_sound, t, sound, generator)
