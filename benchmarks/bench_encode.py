@@ -1,12 +1,10 @@
 """A Nano clip's MP4 encode (189 frames of 1280x720, what the worker's publish does: x264 at CRF 18, then the
-read-back check) with x264 presets side by side, then split into segments encoded at once (one encode, the count
-the worker picks for this host, and any others asked for), on noise-like frames (a random-weights render, x264's
-worst case) and on structured moving frames (gradients sliding across the picture); then a 1024x1024 still's PNG
-at zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
-encode runs on the worker's host, so its core count decides the absolute times.
+read-back check) with x264 presets side by side, on noise-like frames (a random-weights render, x264's worst
+case) and on structured moving frames (gradients sliding across the picture); then a 1024x1024 still's PNG at
+zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
+encode runs on the worker's host, so its core count decides the absolute times; the ratios carry over.
 
-    python benchmarks/bench_encode.py [--frames 189] [--presets veryfast superfast ultrafast] [--segments 1 2 4]
-        [--png-levels 1 3 6]
+    python benchmarks/bench_encode.py [--frames 189] [--presets veryfast superfast ultrafast] [--png-levels 1 3 6]
 """
 
 from __future__ import annotations
@@ -22,14 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.encode import (  # noqa: E402
-    MP4_PRESET,
-    PNG_COMPRESS_LEVEL,
-    _read_back_mp4,
-    segment_count,
-    write_mp4,
-    write_png,
-)
+from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, write_mp4, write_png  # noqa: E402
 
 HEIGHT, WIDTH = 720, 1280
 
@@ -53,45 +44,27 @@ def stills() -> dict[str, np.ndarray]:
     return {**clips(1, 1024, 1024), "smooth + grain": np.clip(photo, 0, 255).astype(np.uint8)[None]}
 
 
-def compare_mp4(clips: dict[str, np.ndarray], folder: Path, option: str, values: list) -> None:
-    """One table row per clip and value of write_mp4's keyword ``option``, with ratios to the first value's. The
-    read-back check (a full decode) is timed again on its own, to show what is left to the encode."""
-    print(f"| frames | {option} | encode + read-back s | of which read-back s | vs {option} {values[0]} | MB | "
-          f"size vs {option} {values[0]} |")
-    print("|---|---|---|---|---|---|---|")
-    for name, frames in clips.items():
-        base = None
-        for value in values:
-            path = folder / f"{name}-{option}-{value}.mp4"
-            started = time.perf_counter()
-            write_mp4(frames, 24.0, path, **{option: value})
-            seconds, size = time.perf_counter() - started, path.stat().st_size
-            started = time.perf_counter()
-            _read_back_mp4(path, frames)
-            read_back = time.perf_counter() - started
-            base = base or (seconds, size)
-            print(f"| {name} | {value} | {seconds:.2f} | {read_back:.2f} | {base[0] / seconds:.2f}x | "
-                  f"{size / 1e6:.1f} | {size / base[1]:.3f}x |", flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=189)
     parser.add_argument("--presets", nargs="+", default=[MP4_PRESET, "superfast", "ultrafast"])
-    parser.add_argument("--segments", nargs="+", type=int,
-                        help="segment counts, the first the baseline (default: 1 and the worker's for this host)")
     parser.add_argument("--png-levels", nargs="+", type=int, default=[PNG_COMPRESS_LEVEL, 3, 6],
                         help="zlib levels; 6 is Pillow's default")
     args = parser.parse_args()
-    cores = len(os.sched_getaffinity(0))
-    picked = segment_count(args.frames, cores)
-    print(f"{cores} usable cores of {os.cpu_count()} CPUs; {args.frames} frames of {WIDTH}x{HEIGHT}; the worker's "
-          f"preset: {MP4_PRESET}, its segments here: {picked} (each segment's x264 gets cores / segments threads)")
-    clip_frames = clips(args.frames)
+    print(f"{os.cpu_count()} CPUs; {args.frames} frames of {WIDTH}x{HEIGHT}; the worker's preset: {MP4_PRESET}")
+    print("| frames | preset | encode + read-back s | vs the worker's preset | MB | size vs the worker's |")
+    print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        compare_mp4(clip_frames, Path(folder), "preset", args.presets)
-        print(f"\nSegments encoded at once, preset {MP4_PRESET}")
-        compare_mp4(clip_frames, Path(folder), "segments", args.segments or sorted({1, picked}))
+        for name, frames in clips(args.frames).items():
+            base = None
+            for preset in args.presets:
+                path = Path(folder) / f"{name}-{preset}.mp4"
+                started = time.perf_counter()
+                write_mp4(frames, 24.0, path, preset=preset)
+                seconds, size = time.perf_counter() - started, path.stat().st_size
+                base = base or (seconds, size)
+                print(f"| {name} | {preset} | {seconds:.2f} | {base[0] / seconds:.2f}x | {size / 1e6:.1f} | "
+                      f"{size / base[1]:.2f}x |", flush=True)
         print(f"\n1024x1024 stills, the worker's PNG level: {PNG_COMPRESS_LEVEL} (median of 5)")
         print("| still | zlib level | encode + read-back s | vs the worker's level | MB | size vs the worker's |")
         print("|---|---|---|---|---|---|")

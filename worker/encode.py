@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -35,18 +34,7 @@ MP4_PRESET = "veryfast"
 # zlib level 1: a 1024x1024 still with a photo's grain encodes 3.4x faster than at Pillow's default 6 (0.18 vs
 # 0.60 s on 2 cores) for a file 19% larger (bench_encode.py); the still's GPU is not released until it is published.
 PNG_COMPRESS_LEVEL = 1
-_H264_PARAMS = ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", "18"]
-_MP4_PARAMS = ["-f", "mp4", "-movflags", "+faststart"]
-# One x264 encode uses a 16-core host poorly: 189 noise frames of 720p took 3.2-6.3 s there against 17.8 s on
-# 2 cores, probably because its lookahead and rate control are serial and 720p gives frame threads few rows to
-# share. So a host with more cores encodes the clip as contiguous segments at once, each given cores / segments
-# threads, and joins them without re-encoding. One segment per CORES_PER_SEGMENT cores, none shorter than
-# SEGMENT_MIN_FRAMES: each segment opens on an IDR frame (several times a P frame's size), and x264's lookahead
-# wants frames to plan B frames. So 4 cores or fewer, or a clip under 48 frames, is one encode as before; a Nano
-# clip (189 frames) on 16 cores is 4 segments of 47-48 frames, 4 threads each. Not yet measured on 16 cores:
-# `bench_encode.py --segments 1 2 4 8` there is what should set CORES_PER_SEGMENT.
-CORES_PER_SEGMENT = 4
-SEGMENT_MIN_FRAMES = 24
+_MP4_PARAMS = ["-f", "mp4", "-crf", "18", "-movflags", "+faststart"]
 # The sampling frequencies an AAC stream can signal (ISO 14496-3 table 1.18); others would need resampling.
 AAC_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 _AAC_PARAMS = ["-b:a", "192k"]
@@ -104,21 +92,11 @@ def write_png(frames: np.ndarray, path: Path, *, compress_level: int = PNG_COMPR
         raise EncodeError(f"{path.name} reads back as {list(back.shape)}, not the rendered {list(frames[0].shape)}")
 
 
-def segment_count(frames: int, cores: int) -> int:
-    """How many segments a clip of ``frames`` frames is encoded in at once on ``cores`` usable cores."""
-    return max(1, min(cores // CORES_PER_SEGMENT, frames // SEGMENT_MIN_FRAMES))
-
-
 def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | None = None, *,
-              preset: str = MP4_PRESET, segments: int | None = None) -> None:
+              preset: str = MP4_PRESET) -> None:
     """Writes an H.264 MP4 (plus an AAC track of ``sound``) through imageio-ffmpeg's bundled ffmpeg; ``preset``
-    is x264's and ``segments`` how many encodes share the clip (default: `segment_count` for this host's cores;
-    benchmarks compare them)."""
+    is x264's (benchmarks compare them)."""
     _check(frames)  # [T, H, W, 3]
-    cores = len(os.sched_getaffinity(0))
-    segments = segment_count(len(frames), cores) if segments is None else segments
-    if not 1 <= segments <= len(frames):
-        raise ValueError(f"a clip of {len(frames)} frames cannot be encoded in {segments} segments")
     if sound is not None and sound.sampling_rate not in AAC_RATES:
         raise ValueError(
             f"sound at {sound.sampling_rate} Hz cannot be an AAC track without resampling; "
@@ -128,19 +106,14 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | No
     # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
     # and only this process copies the result to `path`.
     with _scratch() as scratch:
-        # H.264 at crf 18 stays below the yuv420p frames' size (half of rgb24), and segments are joined into a
-        # second copy; the WAV is float32.
-        video = frames.nbytes // 2 * (1 if segments == 1 else 2)
-        _check_space(Path(scratch), video + (sound.waveform.nbytes if sound else 0), "encoding")
+        # H.264 at crf 18 stays below the yuv420p frames' size (half of rgb24); the WAV is float32.
+        _check_space(Path(scratch), frames.nbytes // 2 + (sound.waveform.nbytes if sound else 0), "encoding")
         local = Path(scratch) / "video.mp4"
         audio = None
         if sound is not None:  # float WAV, so the AAC encoder sees the decoded samples, not a 16-bit copy
             audio = Path(scratch) / "sound.wav"
             _encode_wav(sound, audio, codec="pcm_f32le")
-        if segments == 1:
-            _encode_h264(frames, fps, local, audio, preset)
-        else:
-            _encode_h264_segments(frames, fps, local, audio, preset, segments, threads=max(1, cores // segments))
+        _encode_h264(frames, fps, local, audio, preset)
         _check_space(path.parent, local.stat().st_size, f"publishing {path.name}")
         shutil.copyfile(local, path)
     _read_back_mp4(path, frames)
@@ -168,48 +141,19 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
 
 
-def _ffmpeg(arguments: list[str], stdin: np.ndarray | None, path: Path) -> None:
-    """Runs the bundled ffmpeg with `stdin` (if any) as its input and checks its exit status (imageio-ffmpeg's
-    writer does not: on a full disk ffmpeg logs "Error writing trailer" and leaves a truncated file)."""
-    _ffmpeg_at_once([(arguments, stdin, path)])
-
-
-def _ffmpeg_at_once(runs: list[tuple[list[str], np.ndarray | None, Path]]) -> None:
-    """`_ffmpeg` for each (arguments, stdin, path) of ``runs``, all running at once, each fed by its own thread
-    (pipe writes release the GIL). The first to fail raises its error, once the others are killed."""
-    processes = []
-    with ThreadPoolExecutor(len(runs)) as pool:
-        try:
-            for arguments, stdin, path in runs:
-                command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", *arguments, str(path)]
-                feed = subprocess.DEVNULL if stdin is None else subprocess.PIPE
-                processes.append(subprocess.Popen(command, stdin=feed, stdout=subprocess.DEVNULL,
-                                                  stderr=subprocess.PIPE))
-            fed = {pool.submit(process.communicate, _raw(stdin)): (process, path)
-                   for process, (_, stdin, path) in zip(processes, runs, strict=True)}
-            for done in as_completed(fed):
-                process, path = fed[done]
-                _check_exit(process.returncode, done.result()[1], path)
-        finally:  # kills those still running when one failed; their threads then see the pipes close
-            for process in processes:
-                process.kill()
-                process.wait()
-
-
-def _raw(stdin: np.ndarray | None) -> memoryview | None:
-    """Flat bytes, so that the pipe is written in slices; a contiguous array (a run of frames) is not copied."""
-    return None if stdin is None else memoryview(np.ascontiguousarray(stdin).reshape(-1).view(np.uint8))
-
-
-def _check_exit(status: int, stderr: bytes, path: Path) -> None:
-    if status == 0:
+def _ffmpeg(arguments: list[str], stdin: np.ndarray, path: Path) -> None:
+    """Runs the bundled ffmpeg with `stdin` as its input and checks its exit status (imageio-ffmpeg's writer
+    does not: on a full disk ffmpeg logs "Error writing trailer" and leaves a truncated file)."""
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", *arguments, str(path)]
+    raw = np.ascontiguousarray(stdin).reshape(-1).view(np.uint8)  # flat bytes: the pipe is written in slices
+    done = subprocess.run(command, input=memoryview(raw), capture_output=True)
+    if done.returncode == 0:
         return
-    log = stderr.decode(errors="replace")
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
     said = lines[-1] if lines else "no message"
-    if "No space left on device" in log:
+    if "No space left on device" in done.stderr.decode(errors="replace"):
         raise StorageFault(f"ENOSPC: ffmpeg ran out of space writing {path} ({said})")
-    raise EncodeError(f"ffmpeg exited with status {status} writing {path.name}: {said}")
+    raise EncodeError(f"ffmpeg exited with status {done.returncode} writing {path.name}: {said}")
 
 
 def _read_back_mp4(path: Path, frames: np.ndarray) -> None:
@@ -257,44 +201,17 @@ def sweep_orphaned_scratch() -> list[Path]:
 
 
 def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None, preset: str) -> None:
-    """One ffmpeg: the frames and the WAV in, the MP4 out."""
-    arguments = [*_raw_video(frames, fps), *_sound_track(audio), *_H264_PARAMS, "-preset", preset, *_MP4_PARAMS]
-    _ffmpeg(arguments, frames, path)
-
-
-def _encode_h264_segments(frames: np.ndarray, fps: float, path: Path, audio: Path | None, preset: str,
-                          segments: int, *, threads: int) -> None:
-    """``segments`` ffmpegs at once, one per contiguous run of frames, each writing an MP4 beside ``path``; then
-    one ffmpeg joins them, copying the video and adding the AAC track. Each segment is an encode of its own, so
-    it opens on an IDR frame and refers to no other segment's frames (a closed GOP). The concat demuxer starts
-    each segment's timestamps where the last one's duration ends, so the join has every frame at 1 / fps apart."""
-    parts = [path.with_name(f"segment-{i}.mp4") for i in range(segments)]
-    codec = [*_H264_PARAMS, "-preset", preset, "-threads", str(threads), "-f", "mp4"]
-    runs = []
-    for i, part in enumerate(parts):
-        run = frames[len(frames) * i // segments:len(frames) * (i + 1) // segments]  # [T / segments, H, W, 3]
-        runs.append(([*_raw_video(run, fps), *codec], run, part))
-    _ffmpeg_at_once(runs)
-    listing = path.with_name("segments.txt")  # names relative to the listing, so the demuxer's safe mode holds
-    listing.write_text("".join(f"file '{part.name}'\n" for part in parts))
-    _ffmpeg(["-f", "concat", "-i", str(listing), *_sound_track(audio), "-c:v", "copy", *_MP4_PARAMS], None, path)
-
-
-def _raw_video(frames: np.ndarray, fps: float) -> list[str]:
-    """ffmpeg's arguments for ``frames`` as its first input, from stdin."""
     _, height, width, _ = frames.shape  # [T, H, W, 3]
     # Sizes are multiples of 16 (manifest rule), so ffmpeg needs no rescale to its macro-block size. The fps
-    # goes as a fraction, so 24000/1001 is not rounded.
+    # goes as a fraction, so 24000/1001 is not rounded. The WAV's rate is the AAC track's: ffmpeg keeps an
+    # input's rate when no -ar asks otherwise.
     rate = str(Fraction(fps).limit_denominator())
-    return ["-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-r", rate, "-i", "-"]
-
-
-def _sound_track(audio: Path | None) -> list[str]:
-    """ffmpeg's arguments adding the WAV at ``audio`` as an AAC track beside the first input's video, or no sound.
-    The WAV's rate is the AAC track's: ffmpeg keeps an input's rate when no -ar asks otherwise."""
+    arguments = ["-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{width}x{height}", "-r", rate, "-i", "-"]
     if audio is None:
-        return ["-an"]
-    return ["-i", str(audio), "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", *_AAC_PARAMS]
+        arguments += ["-an"]
+    else:
+        arguments += ["-i", str(audio), "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", *_AAC_PARAMS]
+    _ffmpeg([*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-preset", preset, *_MP4_PARAMS], frames, path)
 
 
 def write_media(frames: np.ndarray, fps: float, path: Path, *, image: bool, sound: Soundtrack | None = None) -> None:

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from fractions import Fraction
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -19,14 +18,6 @@ import pytest
 from worker import encode
 
 SHAPES = [pytest.param((9, 32, 48), id="9x32x48"), pytest.param((1, 16, 16), id="one-frame")]
-# (frames, usable cores) -> segments: one below 8 cores or 48 frames, then one per 4 cores of at least 24 frames
-SEGMENT_COUNTS = [
-    pytest.param(189, 2, 1, id="2-cores"), pytest.param(189, 4, 1, id="4-cores"),
-    pytest.param(189, 8, 2, id="8-cores"), pytest.param(189, 16, 4, id="16-cores"),
-    pytest.param(189, 64, 7, id="64-cores-short-of-frames"), pytest.param(47, 16, 1, id="47-frames"),
-    pytest.param(60, 16, 2, id="60-frames"),
-]
-CLIP = (60, 64, 64)  # [T, H, W] of the segmented encodes: 3 segments of 20 frames
 
 
 def _frames(count: int, height: int, width: int) -> np.ndarray:
@@ -114,16 +105,12 @@ def test_scratch_of_dead_processes_on_this_host_is_swept_and_nothing_else():
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _our_scratch() -> set[Path]:
-    """This process's scratch folders: other farm processes on the machine may be encoding meanwhile."""
-    return set(Path(tempfile.gettempdir()).glob(f"{encode._scratch_prefix()}{os.getpid()}-*"))
-
-
-@pytest.mark.parametrize("segments", [None, 3], ids=["one-encode", "3-segments"])
-def test_an_mp4_encode_leaves_no_scratch_folder(tmp_path, segments):
-    before = _our_scratch()
-    encode.write_mp4(_frames(3, 16, 16), 8.0, tmp_path / "clip.mp4", segments=segments)
-    assert _our_scratch() == before
+def test_an_mp4_encode_leaves_no_scratch_folder(tmp_path):
+    # Only this process's folders: other farm processes on the machine may be encoding meanwhile.
+    ours = f"{encode._scratch_prefix()}{os.getpid()}-*"
+    before = set(Path(tempfile.gettempdir()).glob(ours))
+    encode.write_mp4(_frames(3, 16, 16), 8.0, tmp_path / "clip.mp4")
+    assert set(Path(tempfile.gettempdir()).glob(ours)) == before
 
 
 # -- sound --------------------------------------------------------------------------------------------
@@ -213,81 +200,3 @@ def test_a_rate_aac_cannot_carry_is_refused_rather_than_resampled(tmp_path):
     with pytest.raises(ValueError, match=r"400 Hz cannot be an AAC track without resampling"):
         encode.write_mp4(_frames(5, 16, 16), 24.0, tmp_path / "x.mp4", _tone(100.0, 0.2, rate=400))
     assert not (tmp_path / "x.mp4").exists()
-
-
-# -- segments ------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("frames,cores,segments", SEGMENT_COUNTS)
-def test_segment_count_follows_cores_and_keeps_24_frames_a_segment(frames, cores, segments):
-    assert encode.segment_count(frames, cores) == segments
-
-
-def _marked_frames(count: int, height: int, width: int) -> np.ndarray:
-    """Frame i: the left half flat at gray level 4 * i (its index, read back after decoding), the right half
-    a ramp sliding one pixel a frame (detail for the PSNR)."""
-    frames = np.empty((count, height, width, 3), np.uint8)
-    ramp = (np.arange(width // 2)[None, :, None] * 8 + np.arange(height)[:, None, None] * 3) % 256  # [H, W/2, 1]
-    for i in range(count):
-        frames[i, :, :width // 2] = 4 * i
-        frames[i, :, width // 2:] = np.roll(ramp, i, axis=1)
-    return frames
-
-
-def _decoded(path: Path) -> np.ndarray:
-    return np.stack(list(iio.imiter(path, plugin="FFMPEG")))  # [T, H, W, 3]
-
-
-def _psnr(decoded: np.ndarray, frames: np.ndarray) -> float:
-    mse = np.mean((decoded.astype(float) - frames.astype(float)) ** 2)
-    return float(10 * np.log10(255**2 / mse))
-
-
-def _video_packets(path: Path) -> tuple[Fraction, list[tuple[int, int]]]:
-    """The video stream's time base and its packets' (pts, duration) in presentation order, read by ffmpeg's
-    demuxer without decoding."""
-    lines = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", str(path), "-map", "0:v:0",
-                            "-c", "copy", "-f", "framecrc", "-"], capture_output=True, text=True, check=True).stdout
-    (base,) = [line.split(":")[1].strip() for line in lines.splitlines() if line.startswith("#tb 0:")]
-    packets = [line.split(",")[2:4] for line in lines.splitlines() if not line.startswith("#")]  # dts, pts, duration
-    return Fraction(base), sorted((int(pts), int(duration)) for pts, duration in packets)
-
-
-def test_a_segmented_mp4_has_every_frame_in_order_one_frame_time_apart(tmp_path):
-    frames, fps = _marked_frames(*CLIP), Fraction(24000, 1001)
-    encode.write_mp4(frames, float(fps), tmp_path / "segmented.mp4", segments=3)
-
-    decoded = _decoded(tmp_path / "segmented.mp4")
-    assert decoded.shape == frames.shape
-    levels = decoded[:, :, : CLIP[2] // 2].mean(axis=(1, 2, 3))  # [T]
-    np.testing.assert_allclose(levels, 4 * np.arange(CLIP[0]), atol=1.5)  # 4 levels apart: the order is exact
-    base, packets = _video_packets(tmp_path / "segmented.mp4")
-    step = round(1 / (fps * base))  # one frame in time-base ticks
-    assert packets == [(i * step, step) for i in range(CLIP[0])]  # so the duration is exactly T / fps
-
-
-def test_a_segmented_mp4_is_as_faithful_as_one_encode(tmp_path):
-    frames = _marked_frames(*CLIP)
-    encode.write_mp4(frames, 24.0, tmp_path / "one.mp4", segments=1)
-    encode.write_mp4(frames, 24.0, tmp_path / "segmented.mp4", segments=3)
-    one, segmented = _psnr(_decoded(tmp_path / "one.mp4"), frames), _psnr(_decoded(tmp_path / "segmented.mp4"), frames)
-    assert one > 35 and segmented == pytest.approx(one, abs=1.0)  # CRF 18 holds quality, not bits, constant
-
-
-def test_a_segmented_mp4_with_sound_keeps_the_whole_track(tmp_path):
-    frames, fps = _marked_frames(*CLIP), 24000 / 1001
-    sound = _tone(440.0, CLIP[0] / fps)  # the clip's 2.5025 s: 20020 samples at 8 kHz
-    path = tmp_path / "segmented.mp4"
-    encode.write_mp4(frames, fps, path, sound, segments=3)
-
-    (stream,) = _audio_streams(path)
-    assert "aac" in stream and f"{RATE} Hz" in stream and "stereo" in stream
-    decoded = _decoded_audio(path, 2)
-    assert len(decoded) == sound.waveform.shape[1]
-    assert _peak_hz(decoded[:, 0], RATE) == pytest.approx(440.0, abs=RATE / len(decoded))
-    assert len(_video_packets(path)[1]) == CLIP[0]
-
-
-def test_more_segments_than_frames_are_refused(tmp_path):
-    with pytest.raises(ValueError, match="a clip of 3 frames cannot be encoded in 4 segments"):
-        encode.write_mp4(_frames(3, 16, 16), 24.0, tmp_path / "x.mp4", segments=4)
