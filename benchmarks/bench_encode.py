@@ -1,6 +1,7 @@
 """A Nano clip's MP4 encode (189 frames of 1280x720, what the worker's publish does: x264 at CRF 18, then the
 read-back check) with x264 presets side by side, on noise-like frames (a random-weights render, x264's worst
-case) and on structured moving frames (gradients sliding across the picture); then a 1024x1024 still's PNG at
+case) and on structured moving frames (gradients sliding across the picture), and the read-back check alone
+beside decoding every frame (what it did before); then a 1024x1024 still's PNG at
 zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
 encode runs on the worker's host, so its core count decides the absolute times; the ratios carry over.
 
@@ -20,7 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, write_mp4, write_png  # noqa: E402
+import imageio_ffmpeg  # noqa: E402
+
+from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, _read_back_mp4, write_mp4, write_png  # noqa: E402
 
 HEIGHT, WIDTH = 720, 1280
 
@@ -55,6 +58,7 @@ def main() -> None:
     print("| frames | preset | encode + read-back s | vs the worker's preset | MB | size vs the worker's |")
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
+        checks = []
         for name, frames in clips(args.frames).items():
             base = None
             for preset in args.presets:
@@ -65,6 +69,19 @@ def main() -> None:
                 base = base or (seconds, size)
                 print(f"| {name} | {preset} | {seconds:.2f} | {base[0] / seconds:.2f}x | {size / 1e6:.1f} | "
                       f"{size / base[1]:.2f}x |", flush=True)
+            checks.append((name, frames, Path(folder) / f"{name}-{args.presets[0]}.mp4"))
+        print(f"\nThe read-back check of the {args.presets[0]} MP4s: the worker's (first frame decoded, the frames "
+              "counted as stored) vs decoding every frame")
+        print("| frames | worker's check s | decoding every frame s | ratio |")
+        print("|---|---|---|---|")
+        for name, frames, path in checks:
+            started = time.perf_counter()
+            _read_back_mp4(path, frames)
+            counted = time.perf_counter() - started
+            started = time.perf_counter()
+            assert imageio_ffmpeg.count_frames_and_secs(str(path))[0] == len(frames)
+            decoded = time.perf_counter() - started
+            print(f"| {name} | {counted:.2f} | {decoded:.2f} | {decoded / counted:.1f}x |", flush=True)
         print(f"\n1024x1024 stills, the worker's PNG level: {PNG_COMPRESS_LEVEL} (median of 5)")
         print("| still | zlib level | encode + read-back s | vs the worker's level | MB | size vs the worker's |")
         print("|---|---|---|---|---|---|")
