@@ -374,8 +374,8 @@ def fp8_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn
         names.append("cudnn-fp8")
     if not names:
         raise ConfigError("attention='fp8' runs FA3's FP8 attention (Hopper: fa3-fwd or flashinfer-python) or cuDNN's "
-                          "(nvidia-cudnn-frontend), and none is installed: pip install 'cosmos3-farm[fp8-attention]', "
-                          "or use attention='auto'")
+                          "(nvidia-cudnn-frontend), and none is installed: pip install 'cosmos3-farm[fa3]' (Hopper) or "
+                          "'cosmos3-farm[fp8-attention]', or use attention='auto'")
     return names
 
 

@@ -118,7 +118,9 @@ def test_fp8_refused_on_a_gpu_before_hopper():
 
 def test_fp8_refused_without_a_library_for_the_device():
     with pytest.raises(ConfigError, match=r"FA3's FP8 attention \(Hopper: fa3-fwd or flashinfer-python\) or "
-                                          r"cuDNN's \(nvidia-cudnn-frontend\), and none is installed"):
+                                          r"cuDNN's \(nvidia-cudnn-frontend\), and none is installed: "
+                                          r"pip install 'cosmos3-farm\[fa3\]' \(Hopper\) or "
+                                          r"'cosmos3-farm\[fp8-attention\]'"):
         fp8_kernel_names("cuda", (10, 0), False, True, fa3=True)  # FA3 does not serve Blackwell
 
 
