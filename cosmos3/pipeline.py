@@ -45,7 +45,7 @@ from cosmos3.request import (
     resolve,
 )
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
-from cosmos3.timing import Clock, MemoryProbe
+from cosmos3.timing import Clock, MemoryProbe, StepTimes
 from cosmos3.vae import VAEBuild, WanVAE
 
 __all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
@@ -328,17 +328,27 @@ class Cosmos3Pipeline:
         generator = torch.Generator("cpu").manual_seed(plan.seed)
         latents, sound = self._initial_latents(plan, generator)
         latents = cond.pin(latents)
-        step_times = []
+        # Nothing in a step waits for the GPU, so the host queues step i while the GPU runs step i - 1 (the small
+        # kernels of CFG and the scheduler never leave it idle), then reports step i - 1 once it has run: the
+        # callback's progress is the GPU's, and the host stays one step ahead, no more.
+        step_times, n = StepTimes(self.device), len(timesteps)
+
+        def done(step: int) -> None:
+            step_times.wait(step)
+            if callback is not None:
+                callback(step, n)
+
+        step_times.mark()
         for i, t in enumerate(timesteps):
-            step_start = clock()
-            self.model.set_denoising_step(i, len(timesteps))  # once, before both CFG passes
+            self.model.set_denoising_step(i, n)  # once, before both CFG passes
             v, v_sound = self._velocity(latents, sound, times[i], guidances[i], branches, plan, cond)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
             if sound is not None:
                 sound = scheduler_step(sound_scheduler, v_sound, t, sound, generator)
-            step_times.append(clock() - step_start)
-            if callback is not None:
-                callback(i, len(timesteps))
+            step_times.mark()
+            if i > 0:
+                done(i - 1)
+        done(n - 1)
         memory.mark("steps")
 
         del branches, v  # the UND caches and the last velocity are not needed to decode
@@ -358,7 +368,7 @@ class Cosmos3Pipeline:
             "tokenize": tokenized - start - encode_wait,  # the request's checks and its token ids
             "vae_encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,
-            "steps": step_times,
+            "steps": step_times.seconds(),
             "vae_decode": end - decode_start,
             "total": end - start,
         }

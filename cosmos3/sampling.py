@@ -12,6 +12,7 @@ Two recipes exist, told apart by the scheduler config the checkpoint ships:
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from dataclasses import dataclass
@@ -117,10 +118,35 @@ def make_scheduler(recipe: SamplingRecipe, *, steps: int, flow_shift: float | No
 def scheduler_step(
     scheduler, velocity: torch.Tensor, t: torch.Tensor, latents: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """One update of ``latents [C, T, H, W]``; the schedulers' einsums want a batch axis."""
+    """One update of ``latents [C, T, H, W]``; the schedulers' einsums want a batch axis. Queued without waiting
+    for the device (``_unchecked_solve``)."""
     kwargs = {"generator": generator} if scheduler.config.get("stochastic_sampling") else {}
-    out = scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False, **kwargs)
+    with _unchecked_solve()():
+        out = scheduler.step(velocity.unsqueeze(0), t, latents.unsqueeze(0), return_dict=False, **kwargs)
     return out[0].squeeze(0)
+
+
+@functools.cache
+def _unchecked_solve() -> type:
+    """A torch function mode (its ``with`` holds for this thread only) that runs ``torch.linalg.solve`` without its
+    error check.
+
+    UniPC's corrector solves an ``order x order`` system on the device every step, and the check reads the
+    factorization's status back to the host: the host waits for the GPU to drain, then the GPU idles while the
+    host launches the rest of the step, ~50 small kernels (the largest GPU-idle gap of a graphed still's step on
+    the H200). Unchecked, the whole step queues behind the forwards. The system cannot be singular: it is a
+    Vandermonde matrix in the ratios ``r_k`` of distinct log-SNR steps (distinct sigmas).
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class UncheckedSolve(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.linalg.solve:
+                return torch.linalg.solve_ex(*args, **(kwargs or {}), check_errors=False).result
+            return func(*args, **(kwargs or {}))
+
+    return UncheckedSolve
 
 
 def guidance_at(t: float, guidance: float, interval: tuple[float, float] | None) -> float:

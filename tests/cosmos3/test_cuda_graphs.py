@@ -45,3 +45,40 @@ def test_graph_replay_equals_eager(ckpts, which):
     # One graph per (UND length, step-precision mode): COND and OTHER share one.
     modes = 2 if which == "fp8" else 1
     assert len(model.cuda_graphs._graphs) == 2 * modes
+
+
+def test_a_replay_copies_the_und_cache_only_when_the_graph_holds_another(ckpts, monkeypatch):
+    model = load_transformer(ckpts[0], device="cuda", dtype=torch.bfloat16)
+    enable_cuda_graphs(model)
+    latents = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(0)).cuda().bfloat16()
+    copied = []
+    real_copy = torch._foreach_copy_
+
+    def counting_copy(static, live):
+        copied.append(len(static))
+        return real_copy(static, live)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", counting_copy)
+    cond, other = (model.encode_text(ids.cuda()) for ids in (COND, OTHER))  # one length: one graph
+    layers = len(model.layers)
+
+    def step(cache, t=500.0):
+        copied.clear()
+        out = model.velocity(None, latents, t, und_cache=cache)
+        return out, copied[0]
+
+    first, n = step(cond)  # captured from cond: its buffers hold cond
+    assert n == 2  # latents and timestep only
+    again, n = step(cond, 400.0)
+    assert n == 2
+    swapped, n = step(other)
+    assert n == 2 + 2 * layers  # every layer's K and V
+    back, n = step(cond)
+    assert n == 2 + 2 * layers and torch.equal(back, first)
+    del cond
+    fresh = model.encode_text(COND.cuda())  # the same K/V in a new cache object: copied, never assumed
+    _, n = step(fresh)
+    assert n == 2 + 2 * layers
+    eager = load_transformer(ckpts[0], device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(swapped, eager.velocity(None, latents, 500.0, und_cache=eager.encode_text(OTHER.cuda())))
+    assert torch.equal(again, eager.velocity(None, latents, 400.0, und_cache=eager.encode_text(COND.cuda())))

@@ -24,7 +24,7 @@ import torch
 
 from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
-from cosmos3.media import load_image, load_video, resize_cover_crop
+from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from cosmos3.prompt import PromptSpec
 from cosmos3.vae import VAEBuild, WanVAE
@@ -447,6 +447,19 @@ def test_media_paths_and_arrays_load_as_uint8_rgb(tmp_path):
     assert video.shape == (6, 32, 48, 3) and video.dtype == np.uint8
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoded_frames_come_back_as_contiguous_uint8_levels_and_leave_the_video_alone(device, dtype):
+    video = (torch.rand((3, 4, 16, 24), generator=torch.Generator().manual_seed(0)) * 2.4 - 1.2).to(dtype)
+    expected = levels(video.float().clamp(-1, 1)).to(torch.uint8).permute(1, 2, 3, 0).numpy()  # [T, H, W, 3]
+    before = video.clone()
+    frames = to_uint8_frames(video.to(device))
+    # C order: ffmpeg's pipe and the PNG writer read the buffer as is, with no strided gather on the host
+    assert frames.flags["C_CONTIGUOUS"] and frames.dtype == np.uint8 and frames.shape == (4, 16, 24, 3)
+    np.testing.assert_array_equal(frames, expected)
+    assert torch.equal(video, before)  # the levels are computed in a copy
+
+
 # -- checkpoint -------------------------------------------------------------------------------------
 
 
@@ -648,3 +661,6 @@ def test_cuda_render_with_graphs_equals_eager(root, task):
     graphed = pipe(request)
     assert graphed.frames.dtype == np.uint8 and graphed.frames.shape == eager.frames.shape
     assert np.array_equal(graphed.frames, eager.frames)
+    for out in (eager, graphed):  # steps timed on the device's queue: one positive figure a step, inside the job's
+        steps = out.timings["steps"]
+        assert len(steps) == out.info["steps"] and min(steps) > 0 and sum(steps) < out.timings["total"]
