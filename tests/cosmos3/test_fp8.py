@@ -466,3 +466,16 @@ def test_static_fp8_on_cuda_scaled_mm_matches_cpu(exports):
         ids.cuda(), latents.cuda(), 500.0, fps=24.0).cpu().float()
     assert relative_l2(gpu, cpu) < 0.1
     assert relative_l2(gpu, reference) < 0.15  # the CPU bound of test_static_fp8_velocity_is_close...
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("scale_shape", [(), (1,)], ids=["0-d", "one-element"])
+def test_scaled_mm_is_the_exact_product_of_its_e4m3_operands_times_both_scales(device, scale_shape):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 5, 64, generator=g) * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [..., K]
+    w = (torch.randn(48, 64, generator=g) * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [N, K]
+    sa, sb = torch.tensor(0.0123).reshape(scale_shape), torch.tensor(0.0457).reshape(scale_shape)
+    exact = torch.einsum("abk,nk->abn", x.double(), w.double()) * 0.0123 * 0.0457  # fp64: no rounding to speak of
+    y = fp8_static.scaled_mm(x.to(device), w.to(device), sa.to(device), sb.to(device), torch.float32).cpu()
+    assert y.shape == (3, 5, 48) and y.dtype == torch.float32
+    torch.testing.assert_close(y.double(), exact, rtol=2e-6, atol=1e-6)
