@@ -13,8 +13,8 @@ the exponent's coefficient); for g < -86.6 / alpha, where the exact value is bel
 sigmoid is held at 2^-125.5.
 
 The norms (csrc/rms_norm.cu) sum squares by fmaf in the kernel's fixed order: chunk c of 8 elements belongs to
-lane c % lanes, each lane adds its chunks in turn, and the lanes combine by the warp's butterfly;
-``_sum_of_squares`` walks the same order over all rows at once.
+lane c % lanes, each lane adds its chunks in turn, and the lanes combine by halving (shared memory across warps,
+the warp's butterfly within one); ``_sum_of_squares`` walks the same order over all rows at once.
 
 Arguments are checked by ``cosmos3.ops`` before they get here.
 """
@@ -156,18 +156,19 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype
 
 
 NORM_CHUNK = 8  # elements a norm kernel's lane handles at once (kChunk in csrc/rms_norm.cu)
+NORM_MAX_LANES = 256  # lanes of one row at most (kMaxLanes there)
 
 
 def norm_lanes(dim: int) -> int:
-    """How many lanes of a warp share a row of ``dim`` elements: the power of two >= its chunks, at most 32."""
+    """How many lanes (threads) share a row of ``dim`` elements: the power of two >= its chunks, at most 256."""
     lanes = 1
-    while lanes < -(-dim // NORM_CHUNK) and lanes < 32:
+    while lanes < -(-dim // NORM_CHUNK) and lanes < NORM_MAX_LANES:
         lanes *= 2
     return lanes
 
 
 def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
-    """x: fp32 [rows, dim] -> [rows] fp32, the kernel's fmaf chain per lane and butterfly over lanes."""
+    """x: fp32 [rows, dim] -> [rows] fp32, the kernel's fmaf chain per lane and halving over lanes."""
     rows, dim = x.shape
     chunks, lanes = -(-dim // NORM_CHUNK), norm_lanes(dim)
     per_lane = -(-chunks // lanes)
@@ -180,7 +181,7 @@ def _sum_of_squares(x: torch.Tensor) -> torch.Tensor:
         for i in range(NORM_CHUNK):
             v = by_lane[:, k, :, i]
             acc = fma_f32(v, v, acc)
-    while acc.shape[1] > 1:  # lane l + lane l ^ o, o = lanes / 2 .. 1: lane 0's sum is this halving
+    while acc.shape[1] > 1:  # lane l + lane l + o, o = lanes / 2 .. 1 (the warp's butterfly adds the same)
         half = acc.shape[1] // 2
         acc = acc[:, :half] + acc[:, half:]
     return acc[:, 0]

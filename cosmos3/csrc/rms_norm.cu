@@ -7,8 +7,8 @@
 //   x       = the row, or fp32(a) + fp32(d) rounded to the input dtype with a residual (written to sum_out)
 //   sumsq   = sum of x^2 by fmaf in a fixed order: chunk c (elements 8c .. 8c + 7, the last one maybe short) of
 //             a row belongs to lane c % lanes of the row's lanes (lanes = the power of two >= chunks, at most
-//             32); each lane adds its chunks in order, then the lanes combine by a butterfly (lane l + lane
-//             l ^ o for o = lanes/2 .. 1)
+//             256); each lane adds its chunks in order, then the lanes combine by halving (lane l + lane l + o
+//             for o = lanes/2 .. 1, l < o: a warp's butterfly once o < 32)
 //   inv     = 1 / sqrt(sumsq / dim + eps), each step correctly rounded (no rsqrtf: the CPU cannot match it)
 //   n       = (x * inv) * w, rounded to the input dtype: F.rms_norm's value, one rounding
 //   rms_norm: out = n, or saturate_fp8(n / scale) (quantize_fp8 of n) with a scale
@@ -25,16 +25,18 @@ namespace cosmos3 {
 namespace {
 
 constexpr int kChunk = 8;  // elements a lane handles at once: one 16-byte load of a 16-bit row
-// Four warps a block: rows are independent, so the block size only sets how many rows share an SM's
-// scheduling; 128 threads keep 16 blocks per SM resident, as the map kernels' default row.
-constexpr int kThreads = 128;
+// A row of up to 256 lanes (Nano's hidden size: 512 chunks, two a lane), as many rows to a block as fit. One
+// warp a row left a still's 1,024 rows of 4,096 at ~8 warps an SM, too few loads in flight: the add + norm
+// took 17.8 us for 28 MB. Short rows (a head: 16 lanes) still pack several to a warp.
+constexpr int kThreads = 256;
+constexpr int kMaxLanes = kThreads;
 
 __host__ __device__ inline int64_t chunks_of(int64_t dim) { return (dim + kChunk - 1) / kChunk; }
 
 int row_lanes(int64_t dim) {
   const int64_t chunks = chunks_of(dim);
   int lanes = 1;
-  while (lanes < chunks && lanes < 32) lanes *= 2;
+  while (lanes < chunks && lanes < kMaxLanes) lanes *= 2;
   return lanes;
 }
 
@@ -103,9 +105,23 @@ __device__ __forceinline__ void load_row_chunk(const T* x, const T* delta, int64
   }
 }
 
-// The butterfly over a row's lanes; every lane of the warp takes part (rows past the end with zeros), and
-// every lane of a row ends with the same bits (fp32 addition commutes).
+// The lanes' sums halved to one: lane l + lane l + o for o = lanes/2 .. 1. Across warps (o >= 32) through shared
+// memory; within a warp as a butterfly (lane l + lane l ^ o), whose lane 0 adds what the halving adds, and
+// whose every lane ends with the same bits (fp32 addition commutes). Every thread of the block takes part
+// (rows past the end with zeros): the block synchronizes when a row spans warps.
 __device__ __forceinline__ float row_sum(float acc, int lanes) {
+  if (lanes > 32) {
+    __shared__ float part[kThreads];
+    const int t = threadIdx.x, lane = t % lanes;
+    part[t] = acc;
+    __syncthreads();
+    for (int o = lanes / 2; o >= 32; o /= 2) {
+      if (lane < o) part[t] = __fadd_rn(part[t], part[t + o]);
+      __syncthreads();
+    }
+    acc = part[t - lane + lane % 32];  // every warp of the row takes the row's first 32 partial sums
+    lanes = 32;
+  }
   for (int o = lanes / 2; o > 0; o /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
   return acc;
 }

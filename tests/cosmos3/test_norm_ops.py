@@ -20,9 +20,10 @@ FP8 = torch.float8_e4m3fn
 EPS = 1e-6
 DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16"),
           pytest.param(torch.float32, id="fp32")]
-# Row lengths: Nano's hidden size (16 chunks a lane), a head (one chunk a lane, 16 lanes), short and odd rows
-# (a partial chunk, the element path), one element.
-DIMS = [4096, 128, 100, 24, 7, 1]
+# Row lengths: Nano's hidden size (256 lanes, two chunks each), a head (one chunk a lane, 16 lanes), rows that
+# span 2 and 4 warps with a lane short of chunks (300: 38 chunks; 1001: 126, the last one element), short and odd
+# rows (a partial chunk, the element path), one element.
+DIMS = [4096, 1001, 300, 128, 100, 24, 7, 1]
 HEAD_DIMS = [128, 64, 8, 6]
 
 
@@ -125,11 +126,11 @@ def test_every_norm_op_names_the_broken_rule(make, message, device):
 
 def _lane_walk_sum_of_squares(row: np.ndarray) -> float:
     """The kernel's sum, element by element in exact arithmetic: lane l adds chunks l, l + lanes, ... with one
-    correctly rounded fmaf per element, then the butterfly over lanes."""
+    correctly rounded fmaf per element (a row has at most 256 lanes), then the butterfly over lanes."""
     dim = len(row)
     chunks = -(-dim // 8)
     lanes = 1
-    while lanes < chunks and lanes < 32:
+    while lanes < chunks and lanes < 256:
         lanes *= 2
     acc = [0.0] * lanes
     for c in range(chunks):
@@ -144,7 +145,7 @@ def _lane_walk_sum_of_squares(row: np.ndarray) -> float:
     return acc[0]
 
 
-@pytest.mark.parametrize("dim", [4096, 300, 128, 24, 7, 1])
+@pytest.mark.parametrize("dim", [5000, 4096, 2500, 1001, 300, 128, 24, 7, 1])
 def test_cpu_sum_order_is_the_kernels_lane_walk(dim):
     x = _rows(3, dim, torch.float32, scale=3.0)
     ours = ops_cpu._sum_of_squares(x)
@@ -233,7 +234,8 @@ def _both(fn, *tensors):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("rows", "dim"), [(1024, 4096), (333, 4096), (77, 100), (50, 7), (1, 1), (4000, 128)])
+@pytest.mark.parametrize(("rows", "dim"), [(1024, 4096), (333, 4096), (33, 5000), (65, 2500), (129, 1001), (99, 300),
+                                            (77, 100), (50, 7), (1, 1), (4000, 128)])
 def test_gpu_norms_match_cpu_bit_for_bit(rows, dim, dtype):
     x, d, w = _rows(rows, dim, dtype, scale=2.0), _rows(rows, dim, dtype, seed=3), _weight(dim, dtype)
     scale = torch.tensor([0.02])
@@ -257,7 +259,7 @@ def test_gpu_norm_off_a_16_byte_boundary_takes_the_element_path():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("head_dim", [512, *HEAD_DIMS])  # 512: a head of 64 lanes, two warps
 def test_gpu_rms_norm_rope_matches_cpu_bit_for_bit(head_dim, dtype):
     tokens, heads = 1024, 8
     fused = _rows(tokens, (heads + 3) * head_dim, dtype, scale=3.0)
