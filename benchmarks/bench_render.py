@@ -131,8 +131,9 @@ def drop_page_cache() -> str:
         return f"not dropped ({err})"
 
 
-# What a GPU worker imports, package by package: pip compiles their bytecode when it installs them, a copied site
-# directory has none, and a worker that compiles diffusers and Ray as it starts takes ~9 s longer (18.8 vs 10.0 s).
+# What a GPU worker imports, package by package: pip compiles their bytecode when it installs them; a copied site
+# directory (the device's carried wheels, installed --no-compile) has none, and its worker would compile them as it
+# starts, inside the worker-start figure.
 WORKER_PACKAGES = ("cosmos3", "worker", "farm", "diffusers", "transformers", "tokenizers", "safetensors", "ray",
                    "structlog", "imageio", "imageio_ffmpeg", "yaml")
 

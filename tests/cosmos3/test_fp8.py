@@ -470,7 +470,10 @@ def test_static_fp8_on_cuda_scaled_mm_matches_cpu(exports):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("scale_shape", [(), (1,)], ids=["0-d", "one-element"])
-def test_scaled_mm_is_the_exact_product_of_its_e4m3_operands_times_both_scales(device, scale_shape):
+def test_scaled_mm_is_the_product_of_its_e4m3_operands_times_both_scales(device, scale_shape):
+    """The CPU path is the exact product (fp32 accumulation of exact e4m3 values); CUDA's FP8 tensor cores keep
+    fewer bits while they accumulate (on the H200 the sum was off by 1.5e-4 of the sum of |terms|), so there the
+    bound is 2^-10 of that sum: a wrong or missing scale errs by the whole product."""
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(3, 5, 64, generator=g) * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [..., K]
     w = (torch.randn(48, 64, generator=g) * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [N, K]
@@ -478,4 +481,8 @@ def test_scaled_mm_is_the_exact_product_of_its_e4m3_operands_times_both_scales(d
     exact = torch.einsum("abk,nk->abn", x.double(), w.double()) * 0.0123 * 0.0457  # fp64: no rounding to speak of
     y = fp8_static.scaled_mm(x.to(device), w.to(device), sa.to(device), sb.to(device), torch.float32).cpu()
     assert y.shape == (3, 5, 48) and y.dtype == torch.float32
-    torch.testing.assert_close(y.double(), exact, rtol=2e-6, atol=1e-6)
+    if device == "cpu":
+        torch.testing.assert_close(y.double(), exact, rtol=2e-6, atol=1e-6)
+    else:
+        terms = torch.einsum("abk,nk->abn", x.double().abs(), w.double().abs()) * 0.0123 * 0.0457
+        assert ((y.double() - exact).abs() <= 2.0**-10 * terms).all()
