@@ -9,8 +9,8 @@ Steps (each fits one device call; run them on one machine, in this order):
 
 ``write`` streams random weights to disk in the published layout (benchmarks/random_checkpoint.py).
 ``farm`` renders the issue's manifest with ``python -m farm submit`` (a fresh worker: its start is the
-warm start, ops built, the worker's packages' bytecode compiled as pip compiles it at install time, checkpoint
-on local disk, page cache dropped first with ``--drop-caches``),
+warm start, ops built, its big imports byte-compiled as pip leaves them, checkpoint on local disk, page cache
+dropped first with ``--drop-caches``),
 then turns every job's sidecar into a table. ``diffusers`` runs ``Cosmos3OmniPipeline`` on the BF16
 variant (the same weights, dequantized) for a few steps of the T2V job: per-step time and peak memory.
 ``report`` prints the tables and the targets of issue 15 from the saved JSON.
@@ -131,24 +131,21 @@ def drop_page_cache() -> str:
         return f"not dropped ({err})"
 
 
-# What a GPU worker imports, package by package: pip compiles their bytecode when it installs them; a copied site
-# directory (the device's carried wheels, installed --no-compile) has none, and its worker would compile them as it
-# starts, inside the worker-start figure.
-WORKER_PACKAGES = ("cosmos3", "worker", "farm", "diffusers", "transformers", "tokenizers", "safetensors", "ray",
-                   "structlog", "imageio", "imageio_ffmpeg", "yaml")
-
-
 def compile_bytecode() -> float:
-    """Seconds to compile the worker's packages' bytecode, as a pip-installed node has it."""
+    """Seconds to byte-compile a GPU worker's big imports (``worker.bytecode.PACKAGES``), as pip does when it
+    installs them: the device's carried wheels are installed ``--no-compile``, and its torch is read-only there
+    (run with ``PYTHONPYCACHEPREFIX=<a writable folder>``; the worker and this compile both honour it). What the
+    worker still had to compile is in its sidecars (``worker.uncached_bytecode``) and in the report."""
     import compileall
     import importlib.util
 
+    from worker import bytecode
+
     started = time.perf_counter()
-    for name in WORKER_PACKAGES:
+    for name in bytecode.PACKAGES:
         spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations:
-            for folder in spec.submodule_search_locations:
-                compileall.compile_dir(folder, quiet=1, workers=0)
+        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+            compileall.compile_dir(folder, quiet=2, workers=0)  # quiet=2: a read-only folder fails file by file
     return time.perf_counter() - started
 
 
@@ -426,9 +423,11 @@ def do_report(args) -> None:
             lines += ["### Checkpoint written", "", "```", json.dumps(r["variants"], indent=1), "```", ""]
         elif r["kind"] == "farm":
             waited, compiled = r.get("waited_for_idle_gpu"), r.get("bytecode_compile_seconds")
+            uncached = sorted({p for s in r["sidecars"].values() for p in s["worker"].get("uncached_bytecode", [])})
             lines += [f"`{r['command']}`: exit {r['exit']}, {r['seconds']:.1f} s, page cache {r['page_cache']}"
                       + ("" if waited is None else f", {waited:.1f} s waited for the GPU to be idle first")
-                      + ("" if compiled is None else f", bytecode compiled first ({compiled:.1f} s)"), ""]
+                      + ("" if compiled is None else f", bytecode compiled first ({compiled:.1f} s)")
+                      + (f"; the worker compiled {', '.join(uncached)} as it started" if uncached else ""), ""]
             for job, record in r["sidecars"].items():
                 lines += job_table(job, record)
         elif r["kind"] == "direct":
