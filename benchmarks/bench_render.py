@@ -144,7 +144,9 @@ def compile_bytecode() -> float:
     started = time.perf_counter()
     for name in bytecode.PACKAGES:
         spec = importlib.util.find_spec(name)
-        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if spec is None:  # not installed (FlashInfer on a node with FA3's wheel)
+            continue
+        for folder in spec.submodule_search_locations or []:
             compileall.compile_dir(folder, quiet=2, workers=0)  # quiet=2: a read-only folder fails file by file
     return time.perf_counter() - started
 
