@@ -8,6 +8,13 @@ cond and uncond branches of a render, and later renders of the same shape, reuse
 copy is skipped while the graph's buffers already hold the cache passed in (a branch whose prompt
 length no other branch shares): 72 copies a forward at a still's 1,024 tokens, and a GPU-idle gap.
 All graphs share one memory pool; they never run concurrently and outputs are cloned out.
+
+The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
+fifth of the forward. Graphed W8A16 passes instead read the weights dequantized once
+(``w8a16.DequantizedWeights``, a 16-bit copy of the GEN tower: 13.8 GB for Nano) where the device has room
+for it: a still's nine W8A16 forwards then dequantize once. The copy lives while jobs stay graphed (its
+address is in their graphs); ``prepare`` drops it, and the graphs that read it, before a job whose passes are
+too long for graphs, which would gain nothing from it (a clip's W8A16 forward is ~1.9 s).
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cosmos3.quant import W8A16
+from cosmos3.quant.w8a16 import DequantizedWeights
 from cosmos3.transformer import Cosmos3Transformer, GenLayout, GenOutput, UndCache
 
 # Above this many GEN tokens a step is bound by its maths, not its launches: on the H200 a graphed Nano
@@ -25,6 +34,9 @@ from cosmos3.transformer import Cosmos3Transformer, GenLayout, GenOutput, UndCac
 # while each capture costs two extra forwards (warm-up + capture, ~2.6 s each in FP8) and keeps the step's
 # activations (~5 GiB) reserved in the graph pool. Such steps run eagerly.
 GRAPH_MAX_TOKENS = 16384
+# Free device memory the dequantized GEN weights must leave: what a graphed pass (up to GRAPH_MAX_TOKENS tokens)
+# and a still's VAE decode may still allocate beside them.
+DEQUANTIZED_HEADROOM = 8 << 30
 
 
 def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 8) -> None:
@@ -54,18 +66,49 @@ class GenGraphs:
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
+        self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
+
+    def _w8a16(self) -> bool:
+        """Whether the step runs W8A16 now (the step controller binds every GEN linear to one method)."""
+        controller = self.model.step_controller
+        return controller is not None and any(lin.quant_method is W8A16 for lin in controller.gen_linears[:1])
 
     def _mode(self) -> tuple:
-        """What the step runs now: W8A16 and W8A8 steps, and FP8 and BF16 attention, are different graphs."""
+        """What the step runs now: W8A16 and W8A8 steps, and FP8 and BF16 attention, are different graphs, and a
+        W8A16 graph reads the dequantized weights it was captured with (None: it dequantizes them itself)."""
         controller = self.model.step_controller
         gen = () if controller is None else controller.gen_linears[:1]
         linears = tuple(type(lin.quant_method).__name__ for lin in gen)
-        return linears + (self.model.attention.fp8_active,)
+        reads = self._held if self._w8a16() and self.dequantized is not None else None
+        return linears + (self.model.attention.fp8_active, reads)
+
+    def _hold_dequantized(self) -> None:
+        """Dequantize the GEN weights once for W8A16 passes, where the device has room for them."""
+        linears, dtype = self.model.step_controller.gen_linears, self.model.dtype
+        free, _ = torch.cuda.mem_get_info(self.model.device)
+        if free - DequantizedWeights.nbytes(linears, dtype) >= DEQUANTIZED_HEADROOM:
+            self.dequantized = DequantizedWeights(linears, dtype)
+            self._held += 1
+
+    def prepare(self, tokens: int) -> None:
+        """Before a job whose GEN passes hold ``tokens`` tokens. Passes too long for graphs run eagerly: the
+        dequantized weights are dropped for them, with the graphs that read them, and their memory goes back to
+        the device before the job starts (its peak memory is its own)."""
+        if tokens <= GRAPH_MAX_TOKENS or self.dequantized is None:
+            return
+        for key in [key for key in self._graphs if key[1][-1] is not None]:
+            del self._graphs[key]
+        self.dequantized.release()
+        self.dequantized = None
+        torch.cuda.empty_cache()
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
             sound: torch.Tensor | None) -> GenOutput:
         if layout.cos.shape[0] > GRAPH_MAX_TOKENS:
             return self.model.gen(layout, latents, step_t, cache, sound)
+        if self.dequantized is None and self._w8a16():
+            self._hold_dequantized()
         key = (layout.key, self._mode())
         captured = self._graphs.get(key)
         if captured is None:

@@ -108,6 +108,9 @@ class DiffusersVelocity:
     def set_denoising_step(self, step: int, num_steps: int) -> None:
         pass
 
+    def prepare_gen(self, latent_shape, sound_frames) -> None:
+        pass  # no CUDA graphs: nothing kept per pass length
+
     def step_policy_info(self) -> None:
         return None
 

@@ -302,6 +302,8 @@ class Cosmos3Pipeline:
         # A job waits for a VAE still building only where it needs it (I2V/V2V's encode, the decode): the build
         # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).
         encode_wait = self._vae.wait() if plan.task in ("i2v", "v2v") else 0.0
+        # What the model keeps for passes of another length goes back before the job's memory is measured.
+        self.model.prepare_gen(self._vae.config.latent_shape(plan.frames, plan.height, plan.width), plan.sound_frames)
         memory.start()
         ids = self._token_ids(plan)
         tokenized = clock()

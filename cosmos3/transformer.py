@@ -9,6 +9,7 @@ References: reference/cosmos3-architecture.md §1-§3; diffusers ``transformer_c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -229,11 +230,22 @@ class Cosmos3Transformer(nn.Module):
             self._layouts[key] = self._build_layout(key)
         return self._layouts[key]
 
+    def patch_grid(self, latent_shape: tuple[int, int, int, int]) -> tuple[int, int, int]:
+        """The GEN tokens' grid ``(T, Hp, Wp)`` of latents ``[C, T, H, W]`` (a partial patch at an edge is a token)."""
+        _, t, h, w = latent_shape
+        p = self.config.latent_patch_size
+        return t, -(-h // p), -(-w // p)
+
+    def prepare_gen(self, latent_shape: tuple[int, int, int, int], sound_frames: int | None) -> None:
+        """Before a job's GEN passes over ``latent_shape`` (and ``sound_frames`` sound latents): the CUDA graphs
+        keep or free what only their length needs (cuda_graphs.GenGraphs.prepare)."""
+        if self.cuda_graphs is not None:
+            self.cuda_graphs.prepare(math.prod(self.patch_grid(latent_shape)) + (sound_frames or 0))
+
     def _build_layout(self, key) -> GenLayout:
         latent_shape, und_len, fps, cond, sound_frames = key
-        c, t, h, w = latent_shape
-        p = self.config.latent_patch_size
-        grid = (t, -(-h // p), -(-w // p))
+        t = latent_shape[1]
+        grid = self.patch_grid(latent_shape)
         offset = und_len + self.config.unified_3d_mrope_temporal_modality_margin
         vision_fps = fps if self.config.enable_fps_modulation else None
         positions = [grid_positions(grid, offset, fps=vision_fps, base_fps=self.config.base_fps,

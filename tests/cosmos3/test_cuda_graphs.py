@@ -1,12 +1,14 @@
-"""GEN steps replayed from CUDA graphs equal eager steps, across branches, timesteps and step precision."""
+"""GEN steps replayed from CUDA graphs equal eager steps, across branches, timesteps and step precision; graphed
+W8A16 steps read the GEN weights dequantized once, and a job too long for graphs gets their memory back."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import cosmos3.quant.w8a16 as w8a16
 from cosmos3 import load_transformer
-from cosmos3.cuda_graphs import enable_cuda_graphs
+from cosmos3.cuda_graphs import DEQUANTIZED_HEADROOM, GRAPH_MAX_TOKENS, enable_cuda_graphs
 from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from tests.cosmos3.fp8_checkpoints import make_bf16, make_fp8
 
@@ -32,25 +34,75 @@ def run_steps(model, latents, steps=8):  # policy 3/3 of 8: W8A16 steps 0-2 and 
     return outs
 
 
-@pytest.mark.parametrize("which", ["bf16", "fp8"])
-def test_graph_replay_equals_eager(ckpts, which):
-    path = ckpts[0] if which == "bf16" else ckpts[1]
-    latents = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(0)).cuda().bfloat16()
-    eager = run_steps(load_transformer(path, device="cuda", dtype=torch.bfloat16), latents)
+def _latents():
+    return torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(0)).cuda().bfloat16()
+
+
+def _graphed(path):
     model = load_transformer(path, device="cuda", dtype=torch.bfloat16)
     enable_cuda_graphs(model)
+    return model
+
+
+# "fp8-no-room": the device reports too little free memory to hold the dequantized weights beside its headroom,
+# so the W8A16 graphs dequantize per call, as eager passes do.
+@pytest.mark.parametrize("which", ["bf16", "fp8", "fp8-no-room"])
+def test_graph_replay_equals_eager(ckpts, which, monkeypatch):
+    path = ckpts[0] if which == "bf16" else ckpts[1]
+    latents = _latents()
+    eager = run_steps(load_transformer(path, device="cuda", dtype=torch.bfloat16), latents)
+    if which == "fp8-no-room":
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (DEQUANTIZED_HEADROOM, 2 << 40))
+    model = _graphed(path)
     graphed = run_steps(model, latents)
     for i, (a, b) in enumerate(zip(eager, graphed, strict=True)):
         assert torch.equal(a, b), i
     # One graph per (UND length, step-precision mode): COND and OTHER share one.
-    modes = 2 if which == "fp8" else 1
+    modes = 1 if which == "bf16" else 2
     assert len(model.cuda_graphs._graphs) == 2 * modes
+    assert (model.cuda_graphs.dequantized is not None) == (which == "fp8")
+
+
+def test_graphed_w8a16_steps_dequantize_each_weight_once(ckpts, monkeypatch):
+    model = _graphed(ckpts[1])
+    gen = model.step_controller.gen_linears
+    calls = []
+    real = w8a16.ops.dequantize_fp8
+    monkeypatch.setattr(w8a16.ops, "dequantize_fp8", lambda w, s, dtype: calls.append(w) or real(w, s, dtype))
+    run_steps(model, _latents())  # six W8A16 steps x three branches, two graphs (warm-up and capture each)
+    # Each GEN weight once; every W8A16 forward (captures included) read them instead of dequantizing. (The UND
+    # tower's encode_text, reasoner a16, dequantizes its own weights per call: not counted.)
+    gen_weights = sorted(id(linear.weight) for linear in gen)
+    assert sorted(i for i in map(id, calls) if i in set(gen_weights)) == gen_weights
+    assert all(linear.dequantized is not None for linear in gen)
+
+
+def test_a_job_too_long_for_graphs_gets_the_dequantized_weights_memory_back(ckpts):
+    model = _graphed(ckpts[1])
+    latents = _latents()
+    first = run_steps(model, latents)
+    graphs, gen = model.cuda_graphs, model.step_controller.gen_linears
+    held = torch.cuda.memory_allocated()
+    w8a16_graphs = [key for key in graphs._graphs if key[1][0] == "W8A16LinearMethod"]
+    assert len(w8a16_graphs) == 2 and graphs.dequantized is not None
+
+    model.prepare_gen((4, 3, 4, 4), None)  # a job of the same short length keeps them
+    assert graphs.dequantized is not None and len(graphs._graphs) == 4
+    side = int((GRAPH_MAX_TOKENS + 1) ** 0.5) + 1  # a square just past the graphs' length, patch size 2
+    model.prepare_gen((4, 1, 2 * side, 2 * side), None)
+    assert graphs.dequantized is None and all(linear.dequantized is None for linear in gen)
+    assert not set(w8a16_graphs) & set(graphs._graphs) and len(graphs._graphs) == 2  # the W8A8 graphs stay
+    freed = w8a16.DequantizedWeights.nbytes(gen, torch.bfloat16)
+    assert held - torch.cuda.memory_allocated() >= freed
+
+    again = run_steps(model, latents)  # short again: held anew (another address), the W8A16 graphs recaptured
+    assert graphs.dequantized is not None and len(graphs._graphs) == 4
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
 
 
 def test_a_replay_copies_the_und_cache_only_when_the_graph_holds_another(ckpts, monkeypatch):
-    model = load_transformer(ckpts[0], device="cuda", dtype=torch.bfloat16)
-    enable_cuda_graphs(model)
-    latents = torch.randn(4, 3, 4, 4, generator=torch.Generator().manual_seed(0)).cuda().bfloat16()
+    model = _graphed(ckpts[0])
+    latents = _latents()
     copied = []
     real_copy = torch._foreach_copy_
 

@@ -89,12 +89,18 @@ def distilled_pipe(tmp_path_factory):
 
 
 class ModelSpy:
-    """Records, in order, the model calls of a render: encode_text, set_denoising_step, forward ("velocity")."""
+    """Records, in order, the model calls of a render: prepare_gen, encode_text, set_denoising_step, forward
+    ("velocity")."""
 
     def __init__(self, model, monkeypatch):
         self.events: list[dict] = []
         self.caches: dict[int, list[int]] = {}  # id(cache) -> the token ids it was built from
         encode_text, forward, set_step = model.encode_text, model.forward, model.set_denoising_step
+        prepare_gen = model.prepare_gen
+
+        def spy_prepare_gen(latent_shape, sound_frames):
+            self.events.append({"call": "prepare_gen", "shape": tuple(latent_shape), "sound_frames": sound_frames})
+            prepare_gen(latent_shape, sound_frames)
 
         def spy_encode_text(input_ids):
             cache = encode_text(input_ids)
@@ -118,6 +124,7 @@ class ModelSpy:
         monkeypatch.setattr(model, "encode_text", spy_encode_text)
         monkeypatch.setattr(model, "forward", spy_forward)
         monkeypatch.setattr(model, "set_denoising_step", spy_set_step)
+        monkeypatch.setattr(model, "prepare_gen", spy_prepare_gen)
 
     def of(self, call: str) -> list[dict]:
         return [e for e in self.events if e["call"] == call]
@@ -233,9 +240,13 @@ def test_each_step_sets_precision_then_runs_cond_and_uncond_with_their_own_cache
     spy = ModelSpy(pipe.model, monkeypatch)
     pipe(job("t2v", negative_prompt="blurry"))
     calls = [e["call"] for e in spy.events]
-    # The UND tower runs once per branch per job, then each step: precision, cond pass, uncond pass.
-    assert calls == ["encode_text", "encode_text"] + ["step", "velocity", "velocity"] * STEPS
+    # The model is told the passes' shape (CUDA graphs keep or free what that length needs), the UND tower runs
+    # once per branch per job, then each step: precision, cond pass, uncond pass.
+    assert calls == ["prepare_gen", "encode_text", "encode_text"] + ["step", "velocity", "velocity"] * STEPS
     steps, passes = spy.of("step"), spy.of("velocity")
+    (prepared,) = spy.of("prepare_gen")
+    assert prepared["shape"] == tuple(passes[0]["latents"].shape)
+    assert prepared["sound_frames"] == (None if passes[0]["sound"] is None else passes[0]["sound"].shape[1])
     cond_ids, uncond_ids = passes[0]["ids"], passes[1]["ids"]
     assert cond_ids != uncond_ids
     for i in range(STEPS):

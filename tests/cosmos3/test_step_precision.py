@@ -232,3 +232,25 @@ def test_und_tower_is_not_step_gated(ckpts):
     assert not any(torch.equal(a, b) for a, b in zip(a16_cache.keys[1:], off.keys[1:], strict=True))
     und_linears = [a16.layers[0].self_attn.to_q, a16.layers[1].mlp.down_proj]
     assert all(linear.quant_method is W8A16 for linear in und_linears)
+
+
+def test_dequantized_weights_are_what_w8a16_would_dequantize_per_call(ckpts):
+    _, fp8 = ckpts
+    layer = load_transformer(fp8, dtype=torch.bfloat16).layers[0].mlp_moe_gen
+    linears = [layer.up_proj, layer.down_proj]
+    for linear in linears:
+        linear.quant_method = W8A16
+    xs = [torch.randn(5, linear.in_features).bfloat16() for linear in linears]
+    per_call = [linear(x) for linear, x in zip(linears, xs, strict=True)]
+    held = w8a16.DequantizedWeights(linears, torch.bfloat16)
+    assert all(linear.dequantized.dtype == torch.bfloat16 for linear in linears)
+    assert held.nbytes(linears, torch.bfloat16) == sum(linear.weight.numel() * 2 for linear in linears)
+    for linear, x, expected in zip(linears, xs, per_call, strict=True):
+        assert torch.equal(linear(x), expected)
+        linear.dequantized.zero_()  # proves the held copy is what the GEMM reads
+        assert torch.equal(linear(x), torch.zeros_like(expected))
+        # An activation of another dtype than the held copy's dequantizes per call.
+        assert torch.equal(linear(x.float()), F.linear(x.float(), w8a16.dequantize(linear, torch.float32)))
+    held.release()
+    assert all(linear.dequantized is None for linear in linears)
+    assert all(torch.equal(linear(x), e) for linear, x, e in zip(linears, xs, per_call, strict=True))
