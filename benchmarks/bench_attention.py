@@ -56,18 +56,15 @@ def realistic_qkv(n_gen: int, seed: int = 0):
     t, hp, wp = GRIDS[n_gen]
     positions = [text_positions(TEXT), grid_positions((t, hp, wp), TEXT + 15000, fps=24.0 if t > 1 else None,
                                                       base_fps=24.0, temporal_compression=4)]
-    out = {}
-    for tower, tokens, pos in (("und", TEXT, positions[0]), ("gen", n_gen, positions[1])):
+    k = v = torch.empty(0, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)  # what UND keys follow
+    for tokens, pos in ((TEXT, positions[0]), (n_gen, positions[1])):  # UND, then GEN after UND's K/V
         x = (randn(tokens, HIDDEN) + offset).bfloat16()
         cos, sin = rope(pos, torch.bfloat16)
-        q, k, v = (x @ randn(HIDDEN, heads * HEAD_DIM, std=HIDDEN**-0.5).bfloat16()
-                   for heads in (HEADS, KV_HEADS, KV_HEADS))
-        qn, kn = (ops.rms_norm_rope(t.view(tokens, -1, HEAD_DIM), torch.exp(randn(HEAD_DIM, std=0.5) + 0.3)
-                                    .bfloat16(), 1e-6, cos, sin) for t in (q, k))
-        out[tower] = (qn, kn, v.view(tokens, KV_HEADS, HEAD_DIM))
-    q = out["gen"][0]
-    k = torch.cat([out["und"][1], out["gen"][1]])
-    v = torch.cat([out["und"][2], out["gen"][2]])
+        q_new, k_new, v_new = (x @ randn(HIDDEN, heads * HEAD_DIM, std=HIDDEN**-0.5).bfloat16()
+                               for heads in (HEADS, KV_HEADS, KV_HEADS))
+        q_weight, k_weight = (torch.exp(randn(HEAD_DIM, std=0.5) + 0.3).bfloat16() for _ in range(2))
+        q, k, v = ops.attention_inputs(q_new.view(tokens, HEADS, HEAD_DIM), k_new.view(tokens, KV_HEADS, HEAD_DIM),
+                                       v_new.view(tokens, KV_HEADS, HEAD_DIM), q_weight, k_weight, 1e-6, cos, sin, k, v)
     return q, k, v
 
 

@@ -14,14 +14,17 @@
         quantized as quantize_fp8 does, in the same kernel.
     add_rms_norm(x, delta, weight, eps, scale=None) -> (Tensor, Tensor)
         (x + delta rounded to x's dtype, rms_norm of that sum): a residual add and the next norm in one kernel.
-    rms_norm_rope(x, weight, eps, cos, sin) -> Tensor
-        the QK norm of every head of x [tokens, heads, head_dim] (head_dim even), then rotate-half
-        RoPE with the tables [tokens, head_dim] of cosmos3.layers.rope (the sign folded into sin); a contiguous
-        [tokens, heads, head_dim] out. x's heads must be contiguous; its tokens may be strided (a fused QKV's
-        slice). csrc/rms_norm.cu states the arithmetic and the fixed order of its sums.
+    attention_inputs(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix) -> (Tensor, Tensor, Tensor)
+        an attention layer's inputs in one kernel: the QK norm of every head of q [tokens, heads, head_dim] and
+        k [tokens, kv_heads, head_dim] (head_dim even), each then rotated by rotate-half RoPE with the tables
+        [tokens, head_dim] of cosmos3.layers.rope (the sign folded into sin); k and v [tokens, kv_heads, head_dim]
+        written after k_prefix and v_prefix [prefix, kv_heads, head_dim] (a GEN layer's UND K/V; prefix 0 for
+        the UND tower). Out: q [tokens, heads, head_dim], k and v [prefix + tokens, kv_heads, head_dim],
+        contiguous. q's, k's and v's heads must be contiguous; their tokens may be strided (a fused QKV's
+        slices). csrc/rms_norm.cu states the arithmetic and the fixed order of its sums.
 
-Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous (but rms_norm_rope's x), of any
-rank (rms_norm_rope's: 3); a norm's weight and tables have its input's dtype; ``scale`` is an
+Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous (but attention_inputs' q, k, v),
+of any rank (attention_inputs': 3); a norm's weight and tables have its input's dtype; ``scale`` is an
 fp32 tensor with one element on the input's device (read by the kernel, never on the host, so CUDA graphs see
 in-place updates).
 
@@ -43,8 +46,8 @@ from cosmos3 import ops_cpu, ops_loader
 from cosmos3.ops_cpu import FP8
 from cosmos3.ops_loader import load_cuda_ops
 
-__all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "add_rms_norm", "dequantize_fp8", "load_cuda_ops",
-           "quantize_fp8", "rms_norm", "rms_norm_rope", "silu_and_mul_2in"]
+__all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "add_rms_norm", "attention_inputs", "dequantize_fp8",
+           "load_cuda_ops", "quantize_fp8", "rms_norm", "silu_and_mul_2in"]
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANTIZE_DTYPES = (torch.bfloat16, torch.float16)  # dequantize_fp8's outputs: a W8A16 GEMM's 16-bit operand
@@ -59,7 +62,8 @@ _LIB.define("rms_norm(Tensor x, Tensor weight, float eps, Tensor? scale=None) ->
             tags=(torch.Tag.pt2_compliant_tag,))
 _LIB.define("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps, Tensor? scale=None) -> (Tensor, Tensor)",
             tags=(torch.Tag.pt2_compliant_tag,))
-_LIB.define("rms_norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor",
+_LIB.define("attention_inputs(Tensor q, Tensor k, Tensor v, Tensor q_weight, Tensor k_weight, float eps, Tensor cos, "
+            "Tensor sin, Tensor k_prefix, Tensor v_prefix) -> (Tensor, Tensor, Tensor)",
             tags=(torch.Tag.pt2_compliant_tag,))
 
 
@@ -90,10 +94,13 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return torch.ops.cosmos3.add_rms_norm.default(x, delta, weight, eps, scale)
 
 
-def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
-                  sin: torch.Tensor) -> torch.Tensor:
-    """RoPE of the RMSNorm of each head of ``x`` [tokens, heads, head_dim]; ``cos``/``sin`` [tokens, head_dim]."""
-    return torch.ops.cosmos3.rms_norm_rope.default(x, weight, eps, cos, sin)
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor,
+                     v_prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RoPE of the RMSNorm of each head of ``q`` [tokens, heads, head_dim] and ``k`` [tokens, kv_heads, head_dim]
+    (``cos``/``sin`` [tokens, head_dim]), k and ``v`` after ``k_prefix``/``v_prefix`` [prefix, kv_heads, head_dim]:
+    q [tokens, heads, head_dim], k and v [prefix + tokens, kv_heads, head_dim]."""
+    return torch.ops.cosmos3.attention_inputs.default(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix)
 
 
 # --- argument checks (csrc/torch_bindings.cpp applies the same rules, in the same order and words) ---
@@ -156,14 +163,15 @@ def _check_dequantize_args(weight: torch.Tensor, scale: torch.Tensor, dtype: tor
                          "activations the weight multiplies")
 
 
-def _check_norm_weight(op: str, weight: torch.Tensor, x: torch.Tensor, dim: int) -> None:
+def _check_norm_weight(op: str, name: str, weight: torch.Tensor, x_name: str, x: torch.Tensor, dim: int) -> None:
+    """A norm's weight (named ``name``) of the input ``x_name``, whose last dim is ``dim``."""
     if weight.dtype != x.dtype:
-        raise ValueError(f"{op}: weight must have x's dtype {x.dtype}, got {weight.dtype}")
+        raise ValueError(f"{op}: {name} must have {x_name}'s dtype {x.dtype}, got {weight.dtype}")
     if list(weight.shape) != [dim]:
-        raise ValueError(f"{op}: weight must have shape [{dim}] (x's last dim), got {list(weight.shape)}")
-    _check_contiguous(op, "weight", weight)
+        raise ValueError(f"{op}: {name} must have shape [{dim}] ({x_name}'s last dim), got {list(weight.shape)}")
+    _check_contiguous(op, name, weight)
     if weight.device != x.device:
-        raise ValueError(f"{op}: weight must be on x's device {x.device}, got {weight.device}")
+        raise ValueError(f"{op}: {name} must be on {x_name}'s device {x.device}, got {weight.device}")
 
 
 def _check_norm_args(op: str, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -178,28 +186,47 @@ def _check_norm_args(op: str, x: torch.Tensor, delta: torch.Tensor | None, weigh
     dim = x.shape[-1] if x.dim() > 0 else 0
     if dim == 0:
         raise ValueError(f"{op}: x needs a non-empty last dim to normalize, got shape {list(x.shape)}")
-    _check_norm_weight(op, weight, x, dim)
+    _check_norm_weight(op, "weight", weight, "x", x, dim)
     if scale is not None:
         _check_scale(op, scale, x)
 
 
-def _check_rope_args(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    op = "rms_norm_rope"
-    _check_input_dtype(op, "x", x)
-    if x.dim() != 3:
-        raise ValueError(f"{op}: x must be [tokens, heads, head_dim], got shape {list(x.shape)}")
-    tokens, _, dim = x.shape
+def _check_attention_inputs_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                                 k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                 k_prefix: torch.Tensor, v_prefix: torch.Tensor) -> None:
+    op = "attention_inputs"
+    _check_input_dtype(op, "q", q)
+    if q.dim() != 3:
+        raise ValueError(f"{op}: q must be [tokens, heads, head_dim], got shape {list(q.shape)}")
+    tokens, _, dim = q.shape
     if dim == 0 or dim % 2 != 0:
         raise ValueError(f"{op}: head_dim must be positive and even (RoPE rotates pairs), got {dim}")
-    if x.stride(2) != 1 or x.stride(1) != dim:
-        raise ValueError(f"{op}: each token's heads must be contiguous (strides [*, {dim}, 1]), got strides "
-                         f"{list(x.stride())}; call .contiguous() first")
-    _check_norm_weight(op, weight, x, dim)
+    for name, t in (("k", k), ("v", v)):
+        if (t.dtype != q.dtype or t.dim() != 3 or t.shape[0] != tokens or t.shape[2] != dim
+                or t.device != q.device):
+            raise ValueError(f"{op}: {name} must be [{tokens}, kv_heads, {dim}] {q.dtype} on {q.device} (q's tokens, "
+                             f"head_dim, dtype and device), got {list(t.shape)} {t.dtype} on {t.device}")
+    kv_heads = k.shape[1]
+    if v.shape[1] != kv_heads:
+        raise ValueError(f"{op}: v must have k's {kv_heads} heads, got {v.shape[1]}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(2) != 1 or t.stride(1) != dim:
+            raise ValueError(f"{op}: each token's heads of {name} must be contiguous (strides [*, {dim}, 1]), got "
+                             f"strides {list(t.stride())}; call .contiguous() first")
+    _check_norm_weight(op, "q_weight", q_weight, "q", q, dim)
+    _check_norm_weight(op, "k_weight", k_weight, "k", k, dim)
     for name, table in (("cos", cos), ("sin", sin)):
-        if table.dtype != x.dtype or list(table.shape) != [tokens, dim] or table.device != x.device:
-            raise ValueError(f"{op}: {name} must be [{tokens}, {dim}] {x.dtype} on {x.device}, got "
+        if table.dtype != q.dtype or list(table.shape) != [tokens, dim] or table.device != q.device:
+            raise ValueError(f"{op}: {name} must be [{tokens}, {dim}] {q.dtype} on {q.device}, got "
                              f"{list(table.shape)} {table.dtype} on {table.device}")
         _check_contiguous(op, name, table)
+    for name, t in (("k_prefix", k_prefix), ("v_prefix", v_prefix)):
+        if t.dtype != q.dtype or t.dim() != 3 or list(t.shape[1:]) != [kv_heads, dim] or t.device != q.device:
+            raise ValueError(f"{op}: {name} must be [prefix, {kv_heads}, {dim}] {q.dtype} on {q.device}, got "
+                             f"{list(t.shape)} {t.dtype} on {t.device}")
+        _check_contiguous(op, name, t)
+    if v_prefix.shape[0] != k_prefix.shape[0]:
+        raise ValueError(f"{op}: v_prefix must have k_prefix's {k_prefix.shape[0]} tokens, got {v_prefix.shape[0]}")
 
 
 # --- fake impls: output shape and dtype only ---
@@ -229,9 +256,10 @@ def _add_rms_norm_fake(x, delta, weight, eps, scale=None):
     return x.new_empty(x.shape), x.new_empty(x.shape, dtype=FP8 if scale is not None else x.dtype)
 
 
-def _rms_norm_rope_fake(x, weight, eps, cos, sin):
-    _check_rope_args(x, weight, cos, sin)
-    return x.new_empty(x.shape)
+def _attention_inputs_fake(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix):
+    _check_attention_inputs_args(q, k, v, q_weight, k_weight, cos, sin, k_prefix, v_prefix)
+    kv_shape = (k_prefix.shape[0] + k.shape[0], *k.shape[1:])
+    return q.new_empty(q.shape), k.new_empty(kv_shape), v.new_empty(kv_shape)
 
 
 # --- CPU impls: checked here, computed by ops_cpu ---
@@ -262,9 +290,9 @@ def _add_rms_norm_cpu(x, delta, weight, eps, scale=None):
     return total, ops_cpu.rms_norm(total, weight, eps, scale)
 
 
-def _rms_norm_rope_cpu(x, weight, eps, cos, sin):
-    _check_rope_args(x, weight, cos, sin)
-    return ops_cpu.rms_norm_rope(x, weight, eps, cos, sin)
+def _attention_inputs_cpu(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix):
+    _check_attention_inputs_args(q, k, v, q_weight, k_weight, cos, sin, k_prefix, v_prefix)
+    return ops_cpu.attention_inputs(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix)
 
 
 def _load_then_redispatch(op_name: str):
@@ -285,7 +313,7 @@ for _name, _fake, _cpu in (("silu_and_mul_2in", _silu_and_mul_2in_fake, _silu_an
                            ("dequantize_fp8", _dequantize_fp8_fake, _dequantize_fp8_cpu),
                            ("rms_norm", _rms_norm_fake, _rms_norm_cpu),
                            ("add_rms_norm", _add_rms_norm_fake, _add_rms_norm_cpu),
-                           ("rms_norm_rope", _rms_norm_rope_fake, _rms_norm_rope_cpu)):
+                           ("attention_inputs", _attention_inputs_fake, _attention_inputs_cpu)):
     torch.library.register_fake(f"cosmos3::{_name}", _fake, lib=_LIB)
     _LIB.impl(_name, _cpu, "CPU")
     _LIB.impl(_name, _load_then_redispatch(_name), "CompositeExplicitAutograd")

@@ -213,7 +213,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: torch.Ten
 def rms_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor) -> torch.Tensor:
     """x: [tokens, heads, dim] -> [tokens, heads, dim]: fmaf(roll(n, dim / 2), sin, n * cos) in x's dtype, n the
-    rounded RMSNorm of each head; the CPU impl of cosmos3::rms_norm_rope."""
+    rounded RMSNorm of each head; what cosmos3::attention_inputs computes of q and of k."""
     n = _normalized(x.contiguous(), weight, eps)
     rolled = n.roll(x.shape[-1] // 2, dims=-1)
     return fma_f32(rolled, sin.float()[:, None], n * cos.float()[:, None]).to(x.dtype)
+
+
+def attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor,
+                     v_prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q: [tokens, heads, dim], k, v: [tokens, kv_heads, dim], prefixes [prefix, kv_heads, dim] -> q's and k's
+    rms_norm_rope, k's after k_prefix, v after v_prefix; the CPU impl of cosmos3::attention_inputs."""
+    return (rms_norm_rope(q, q_weight, eps, cos, sin), torch.cat([k_prefix, rms_norm_rope(k, k_weight, eps, cos, sin)]),
+            torch.cat([v_prefix, v]))

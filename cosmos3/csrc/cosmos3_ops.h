@@ -67,14 +67,26 @@ cudaError_t rms_norm(const void* x,          // [rows, dim] dtype
                      const float* scale,     // [1] or nullptr
                      int64_t rows, int64_t dim, float eps, Dtype dtype, cudaStream_t stream);
 
-// The QK norm and RoPE of each head: out[s, h] = rope(rms_norm(x[s, h]) * weight) with the tables of token s;
-// x's row (s, h) starts at x + s * stride + h * dim (dim even).
-cudaError_t rms_norm_rope(const void* x,       // [tokens, heads, dim] dtype, strides (stride, dim, 1)
-                          int64_t stride, int64_t heads,
-                          const void* weight,  // [dim] dtype
-                          const void* cos,     // [tokens, dim] dtype
-                          const void* sin,     // [tokens, dim] dtype, the sign of rotate-half folded in
-                          void* out,           // [tokens, heads, dim] dtype, contiguous
-                          int64_t tokens, int64_t dim, float eps, Dtype dtype, cudaStream_t stream);
+// One attention layer's inputs: the QK norm and RoPE of each head of q and k, with the tables of its token
+// (out[s, h] = rope(rms_norm(x[s, h]) * weight)), k and v written after their prefixes (the layer's UND K/V;
+// prefix = 0 for the UND tower): q_out = that of q, k_out = [k_prefix ; that of k], v_out = [v_prefix ; v].
+// Row (s, h) of q starts at q + s * q_stride + h * dim, of k and v likewise (dim even).
+cudaError_t attention_inputs(const void* q,         // [tokens, heads, dim] dtype, strides (q_stride, dim, 1)
+                             int64_t q_stride,
+                             const void* k,         // [tokens, kv_heads, dim] dtype, strides (k_stride, dim, 1)
+                             int64_t k_stride,
+                             const void* v,         // [tokens, kv_heads, dim] dtype, strides (v_stride, dim, 1)
+                             int64_t v_stride,
+                             const void* q_weight,  // [dim] dtype
+                             const void* k_weight,  // [dim] dtype
+                             const void* cos,       // [tokens, dim] dtype
+                             const void* sin,       // [tokens, dim] dtype, the sign of rotate-half folded in
+                             const void* k_prefix,  // [prefix, kv_heads, dim] dtype, contiguous
+                             const void* v_prefix,  // [prefix, kv_heads, dim] dtype, contiguous
+                             void* q_out,           // [tokens, heads, dim] dtype, contiguous
+                             void* k_out,           // [prefix + tokens, kv_heads, dim] dtype, contiguous
+                             void* v_out,           // [prefix + tokens, kv_heads, dim] dtype, contiguous
+                             int64_t tokens, int64_t heads, int64_t kv_heads, int64_t prefix, int64_t dim,
+                             float eps, Dtype dtype, cudaStream_t stream);
 
 }  // namespace cosmos3

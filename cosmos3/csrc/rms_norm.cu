@@ -1,7 +1,10 @@
 // RMSNorm over the last dim, fused with its neighbours in a decoder layer: rms_norm takes the residual add
-// before it and the FP8 quantization after it (a layer's input norms feed FP8 projections); rms_norm_rope takes
-// the rotary embedding after it (the QK norm of each head). At a still's 1,024 tokens each of those neighbours
-// was a kernel of its own, ~8 us apiece, 36 layers x 10 of them a forward.
+// before it and the FP8 quantization after it (a layer's input norms feed FP8 projections); attention_inputs
+// takes the rotary embedding after the QK norm of each head of q and k, and writes k and v behind the UND
+// tower's K/V (GEN queries attend to [K_und ; K_gen]). At a still's 1,024 tokens each of those neighbours was a
+// kernel of its own, ~8 us apiece, 36 layers x 10 of them a forward; then the QK norms and the two K/V
+// concatenations were still four launches a layer (on the H200: 8.0 + 8.0 + 2.1 + 2.1 us, mostly launch and
+// tail latency for ~24 MB), now one.
 //
 // Arithmetic, reproduced bit for bit by cosmos3/ops_cpu.py (the reduction order included):
 //   x       = the row, or fp32(a) + fp32(d) rounded to the input dtype with a residual (written to sum_out)
@@ -12,8 +15,10 @@
 //   inv     = 1 / sqrt(sumsq / dim + eps), each step correctly rounded (no rsqrtf: the CPU cannot match it)
 //   n       = (x * inv) * w, rounded to the input dtype: F.rms_norm's value, one rounding
 //   rms_norm: out = n, or saturate_fp8(n / scale) (quantize_fp8 of n) with a scale
-//   rms_norm_rope: out[j] = fmaf(n[(j + dim/2) % dim], signed_sin[j], n[j] * cos[j]) rounded to the input
-//             dtype: rotate-half RoPE with its sign in the table (rope.py), dim even
+//   attention_inputs: each row (a head of a token) of q and k,
+//             out[j] = fmaf(n[(j + dim/2) % dim], signed_sin[j], n[j] * cos[j]) rounded to the input dtype:
+//             rotate-half RoPE with its sign in the table (rope.py), dim even; the prefixes and v are copied,
+//             bit for bit
 // Rows whose length and addresses allow it move in 16-byte vectors; any other row element by element, with
 // the same arithmetic in the same order.
 #include <cstdint>
@@ -139,13 +144,13 @@ __device__ __forceinline__ void normalize_chunk(const float (&x)[kChunk], const 
   for (int i = 0; i < kChunk; ++i) n[i] = round_to<T>(__fmul_rn(__fmul_rn(x[i], inv), w[i]));
 }
 
-// Lane `lane` of the row at thread `thread`: rows are packed 32 / lanes to a warp.
+// Lane `lane` of the row at thread `thread` of the rows' `block`-th block: rows are packed 32 / lanes to a warp.
 struct RowLane {
   int64_t row;
   int lane;
 };
-__device__ __forceinline__ RowLane row_lane(int lanes) {
-  const int64_t thread = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+__device__ __forceinline__ RowLane row_lane(int64_t block, int lanes) {
+  const int64_t thread = block * kThreads + threadIdx.x;
   return {thread / lanes, int(thread % lanes)};
 }
 
@@ -154,7 +159,7 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
                     T* __restrict__ sum_out, Out* __restrict__ out, const float* __restrict__ scale, int64_t rows,
                     int64_t dim, int lanes, float eps) {
-  const auto [row, lane] = row_lane(lanes);
+  const auto [row, lane] = row_lane(blockIdx.x, lanes);
   const bool valid = row < rows;
   const int64_t chunks = chunks_of(dim);
   float acc = 0.f;
@@ -211,18 +216,34 @@ __device__ __forceinline__ void partner_chunk(const T* xr, const T* weight, int6
   }
 }
 
-// x: [S, heads, dim] with rows (one head of one token) at x + s * stride + h * dim; cos, sin: [S, dim];
-// out: [S, heads, dim] contiguous.
+// Rows (token s, head h) of dim elements, read at x + s * stride + h * dim (a projection's heads, whose token
+// stride exceeds heads * dim when they are a column slice of a fused QKV; a contiguous prefix has stride
+// heads * dim) and written contiguously to out.
+template <typename T>
+struct HeadRows {
+  const T* x;
+  int64_t stride;
+  int64_t heads;
+  int64_t rows;  // tokens * heads
+  T* out;
+};
+
+template <typename T>
+__device__ __forceinline__ const T* row_start(const HeadRows<T>& r, int64_t row, int64_t dim) {
+  return r.x + (row / r.heads) * r.stride + (row % r.heads) * dim;
+}
+
+// The QK norm and RoPE of x's rows, with the tables' row of each row's token; `block` counts from the rows'
+// first block. Every thread of the block calls it (row_sum may synchronize the block).
 template <typename T, bool kVector>
-__global__ void __launch_bounds__(kThreads)
-    rms_norm_rope_kernel(const T* __restrict__ x, int64_t stride, int64_t heads, const T* __restrict__ weight,
-                         const T* __restrict__ cos, const T* __restrict__ sin, T* __restrict__ out, int64_t rows,
-                         int64_t dim, int lanes, float eps) {
-  const auto [row, lane] = row_lane(lanes);
-  const bool valid = row < rows;
+__device__ __forceinline__ void norm_rope_rows(const HeadRows<T>& x, const T* __restrict__ weight,
+                                               const T* __restrict__ cos, const T* __restrict__ sin, int64_t dim,
+                                               int lanes, float eps, int64_t block) {
+  const auto [row, lane] = row_lane(block, lanes);
+  const bool valid = row < x.rows;
   const int64_t chunks = chunks_of(dim);
-  const int64_t token = row / heads;
-  const T* xr = x + token * stride + (row % heads) * dim;
+  const int64_t token = row / x.heads;
+  const T* xr = row_start(x, row, dim);
   float acc = 0.f;
   if (valid) {
     for (int64_t c = lane; c < chunks; c += lanes) {
@@ -244,7 +265,56 @@ __global__ void __launch_bounds__(kThreads)
     load_chunk<T, kVector>(sin + token * dim + c * kChunk, si, count);
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) y[i] = __fmaf_rn(np[i], si[i], __fmul_rn(n[i], co[i]));
-    store_chunk<T, T, kVector>(out + row * dim + c * kChunk, y, count);
+    store_chunk<T, T, kVector>(x.out + row * dim + c * kChunk, y, count);
+  }
+}
+
+// Moves word `unit` of r's rows (16 bytes, or one element; a row is whole words), the bits as they are, and
+// says so; or takes r's words off `unit` for the next rows.
+template <typename T, typename Word>
+__device__ __forceinline__ bool copy_word(const HeadRows<T>& r, int64_t dim, int64_t& unit) {
+  constexpr int64_t kPer = sizeof(Word) / sizeof(T);
+  const int64_t words = dim / kPer;  // a row's
+  if (unit >= r.rows * words) {
+    unit -= r.rows * words;
+    return false;
+  }
+  const int64_t row = unit / words, at = (unit % words) * kPer;
+  const Word word = __ldg(reinterpret_cast<const Word*>(row_start(r, row, dim) + at));
+  *reinterpret_cast<Word*>(r.out + row * dim + at) = word;
+  return true;
+}
+
+// Word `unit` of K's prefix, V's prefix and V's rows laid end to end.
+template <typename T, typename Word>
+__device__ __forceinline__ void copy_words(const HeadRows<T>& k_prefix, const HeadRows<T>& v_prefix,
+                                           const HeadRows<T>& v, int64_t dim, int64_t unit) {
+  if (copy_word<T, Word>(k_prefix, dim, unit)) return;
+  if (copy_word<T, Word>(v_prefix, dim, unit)) return;
+  copy_word<T, Word>(v, dim, unit);
+}
+
+// One layer's attention inputs in one launch: blocks [0, q_blocks) normalize and rotate q's rows, the next
+// k_blocks k's, the rest copy a word a thread. Each part starts on a block boundary, so the branch is uniform
+// in a block and no copy shares a block with a norm's row_sum.
+template <typename T, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    attention_inputs_kernel(HeadRows<T> q, HeadRows<T> k, HeadRows<T> k_prefix, HeadRows<T> v_prefix, HeadRows<T> v,
+                            const T* __restrict__ q_weight, const T* __restrict__ k_weight,
+                            const T* __restrict__ cos, const T* __restrict__ sin, int64_t dim, int lanes, float eps,
+                            int64_t q_blocks, int64_t k_blocks, bool copy_vector) {
+  const int64_t block = blockIdx.x;
+  if (block < q_blocks) {
+    norm_rope_rows<T, kVector>(q, q_weight, cos, sin, dim, lanes, eps, block);
+  } else if (block < q_blocks + k_blocks) {
+    norm_rope_rows<T, kVector>(k, k_weight, cos, sin, dim, lanes, eps, block - q_blocks);
+  } else {
+    const int64_t unit = (block - q_blocks - k_blocks) * kThreads + threadIdx.x;
+    if (copy_vector) {
+      copy_words<T, uint4>(k_prefix, v_prefix, v, dim, unit);
+    } else {
+      copy_words<T, typename LoadWord<sizeof(T)>::type>(k_prefix, v_prefix, v, dim, unit);
+    }
   }
 }
 
@@ -296,31 +366,51 @@ cudaError_t rms_norm(const void* x, const void* delta, const void* weight, void*
   });
 }
 
-cudaError_t rms_norm_rope(const void* x, int64_t stride, int64_t heads, const void* weight, const void* cos,
-                          const void* sin, void* out, int64_t tokens, int64_t dim, float eps, Dtype dtype,
-                          cudaStream_t stream) {
-  const int64_t rows = tokens * heads;
-  if (rows == 0) return cudaSuccess;
+cudaError_t attention_inputs(const void* q, int64_t q_stride, const void* k, int64_t k_stride, const void* v,
+                             int64_t v_stride, const void* q_weight, const void* k_weight, const void* cos,
+                             const void* sin, const void* k_prefix, const void* v_prefix, void* q_out, void* k_out,
+                             void* v_out, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t prefix,
+                             int64_t dim, float eps, Dtype dtype, cudaStream_t stream) {
   return dispatch_input_dtype(dtype, [&](auto type) -> cudaError_t {
     using T = decltype(type);
+    auto* ko = static_cast<T*>(k_out);
+    auto* vo = static_cast<T*>(v_out);
+    const int64_t prefix_size = prefix * kv_heads * dim;  // k_out's and v_out's elements before the new rows
+    const HeadRows<T> qr{static_cast<const T*>(q), q_stride, heads, tokens * heads, static_cast<T*>(q_out)};
+    const HeadRows<T> kr{static_cast<const T*>(k), k_stride, kv_heads, tokens * kv_heads, ko + prefix_size};
+    const HeadRows<T> kp{static_cast<const T*>(k_prefix), kv_heads * dim, kv_heads, prefix * kv_heads, ko};
+    const HeadRows<T> vp{static_cast<const T*>(v_prefix), kv_heads * dim, kv_heads, prefix * kv_heads, vo};
+    const HeadRows<T> vr{static_cast<const T*>(v), v_stride, kv_heads, tokens * kv_heads, vo + prefix_size};
+    // A row starts at its base plus multiples of dim and of the token stride: in rows of whole 16-byte words,
+    // aligned bases and an aligned stride keep every word aligned. Rows that are not there need no alignment.
+    const bool whole_words = (dim * int64_t(sizeof(T))) % 16 == 0;
+    const auto aligned_rows = [](const HeadRows<T>& r) {
+      return r.rows == 0 ||
+             (aligned_to(r.x, 16) && (r.stride * int64_t(sizeof(T))) % 16 == 0 && aligned_to(r.out, 16));
+    };
+    // The norms' vector path reads whole partner chunks: dim % 16 == 0 (whole words too).
+    const bool vector = dim % (2 * kChunk) == 0 && aligned_rows(qr) && aligned_rows(kr) &&
+                        aligned_to(q_weight, 16) && aligned_to(k_weight, 16) && aligned_to(cos, 16) &&
+                        aligned_to(sin, 16);
+    const bool copy_vector = whole_words && aligned_rows(kp) && aligned_rows(vp) && aligned_rows(vr);
+    const int64_t row_words = copy_vector ? dim * int64_t(sizeof(T)) / 16 : dim;
+
     const int lanes = row_lanes(dim);
-    const int64_t blocks = blocks_for(rows, lanes);
+    const int64_t q_blocks = blocks_for(qr.rows, lanes), k_blocks = blocks_for(kr.rows, lanes);
+    const int64_t copy_blocks = ((kp.rows + vp.rows + vr.rows) * row_words + kThreads - 1) / kThreads;
+    const int64_t blocks = q_blocks + k_blocks + copy_blocks;
+    if (blocks == 0) return cudaSuccess;
     if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-    const auto* xt = static_cast<const T*>(x);
-    const auto* wt = static_cast<const T*>(weight);
+    const auto* qw = static_cast<const T*>(q_weight);
+    const auto* kw = static_cast<const T*>(k_weight);
     const auto* ct = static_cast<const T*>(cos);
     const auto* st = static_cast<const T*>(sin);
-    auto* ot = static_cast<T*>(out);
-    // Rows start at multiples of dim and of the token stride: with dim % 16 == 0 (whole partner chunks),
-    // aligned bases and an aligned stride keep every chunk aligned.
-    const bool vector = dim % (2 * kChunk) == 0 && aligned_to(x, 16) && (stride * int64_t(sizeof(T))) % 16 == 0 && aligned_to(weight, 16) &&
-                        aligned_to(cos, 16) && aligned_to(sin, 16) && aligned_to(out, 16);
     if (vector) {
-      rms_norm_rope_kernel<T, true>
-          <<<int(blocks), kThreads, 0, stream>>>(xt, stride, heads, wt, ct, st, ot, rows, dim, lanes, eps);
+      attention_inputs_kernel<T, true><<<int(blocks), kThreads, 0, stream>>>(
+          qr, kr, kp, vp, vr, qw, kw, ct, st, dim, lanes, eps, q_blocks, k_blocks, copy_vector);
     } else {
-      rms_norm_rope_kernel<T, false>
-          <<<int(blocks), kThreads, 0, stream>>>(xt, stride, heads, wt, ct, st, ot, rows, dim, lanes, eps);
+      attention_inputs_kernel<T, false><<<int(blocks), kThreads, 0, stream>>>(
+          qr, kr, kp, vp, vr, qw, kw, ct, st, dim, lanes, eps, q_blocks, k_blocks, copy_vector);
     }
     return cudaGetLastError();
   });

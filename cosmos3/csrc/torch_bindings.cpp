@@ -6,7 +6,7 @@
 // cosmos3/ops_loader.py loads it (prebuilt in the wheel, or JIT-built). A TORCH_LIBRARY(cosmos3, m) block
 // here would own the namespace instead, and the ops would only exist after a CUDA build. The argument checks
 // below apply the rules of _check_swiglu_args / _check_quantize_args / _check_dequantize_args /
-// _check_norm_args / _check_rope_args in cosmos3/ops.py, in the same order and words.
+// _check_norm_args / _check_attention_inputs_args in cosmos3/ops.py, in the same order and words.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -151,14 +151,16 @@ at::Tensor dequantize_fp8_cuda(const at::Tensor& weight, const at::Tensor& scale
   return out;
 }
 
-void check_norm_weight(const char* op, const at::Tensor& weight, const at::Tensor& x, int64_t dim) {
-  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), op, ": weight must have x's dtype ",
+// A norm's weight (named `name`) of the input `x_name`, whose last dim is dim.
+void check_norm_weight(const char* op, const char* name, const at::Tensor& weight, const char* x_name,
+                       const at::Tensor& x, int64_t dim) {
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), op, ": ", name, " must have ", x_name, "'s dtype ",
                     c10::toString(x.scalar_type()), ", got ", c10::toString(weight.scalar_type()));
-  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == dim, op, ": weight must have shape [", std::to_string(dim),
-                    "] (x's last dim), got ", list_str(weight.sizes()));
-  check_contiguous(op, "weight", weight);
-  TORCH_CHECK_VALUE(weight.device() == x.device(), op, ": weight must be on x's device ", x.device().str(), ", got ",
-                    weight.device().str());
+  TORCH_CHECK_VALUE(weight.dim() == 1 && weight.size(0) == dim, op, ": ", name, " must have shape [",
+                    std::to_string(dim), "] (", x_name, "'s last dim), got ", list_str(weight.sizes()));
+  check_contiguous(op, name, weight);
+  TORCH_CHECK_VALUE(weight.device() == x.device(), op, ": ", name, " must be on ", x_name, "'s device ",
+                    x.device().str(), ", got ", weight.device().str());
 }
 
 // x (and delta): [..., dim] contiguous, dim > 0; the rules of _check_norm_args in cosmos3/ops.py.
@@ -174,7 +176,7 @@ Dtype check_norm_args(const char* op, const at::Tensor& x, const at::Tensor* del
   if (delta != nullptr) check_contiguous(op, "delta", *delta);
   const int64_t dim = x.dim() > 0 ? x.size(-1) : 0;
   TORCH_CHECK_VALUE(dim != 0, op, ": x needs a non-empty last dim to normalize, got shape ", list_str(x.sizes()));
-  check_norm_weight(op, weight, x, dim);
+  check_norm_weight(op, "weight", weight, "x", x, dim);
   if (scale) check_scale(op, *scale, x);
   return dtype;
 }
@@ -210,33 +212,78 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& x, const 
   return {sum, out};
 }
 
-// x: [tokens, heads, dim] (heads contiguous); weight: [dim]; cos, sin: [tokens, dim] -> [tokens, heads, dim].
-at::Tensor rms_norm_rope_cuda(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
-                              const at::Tensor& sin) {
-  constexpr const char* kOp = "rms_norm_rope";
-  const Dtype dtype = input_dtype(kOp, "x", x);
-  TORCH_CHECK_VALUE(x.dim() == 3, kOp, ": x must be [tokens, heads, head_dim], got shape ", list_str(x.sizes()));
-  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2);
-  TORCH_CHECK_VALUE(dim != 0 && dim % 2 == 0, kOp, ": head_dim must be positive and even (RoPE rotates pairs), got ",
+// The rules of _check_attention_inputs_args in cosmos3/ops.py.
+Dtype check_attention_inputs_args(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos,
+                                  const at::Tensor& sin, const at::Tensor& k_prefix, const at::Tensor& v_prefix) {
+  const Dtype dtype = input_dtype(op, "q", q);
+  TORCH_CHECK_VALUE(q.dim() == 3, op, ": q must be [tokens, heads, head_dim], got shape ", list_str(q.sizes()));
+  const int64_t tokens = q.size(0), dim = q.size(2);
+  TORCH_CHECK_VALUE(dim != 0 && dim % 2 == 0, op, ": head_dim must be positive and even (RoPE rotates pairs), got ",
                     std::to_string(dim));
-  TORCH_CHECK_VALUE(x.stride(2) == 1 && x.stride(1) == dim, kOp, ": each token's heads must be contiguous (strides [*, ",
-                    std::to_string(dim), ", 1]), got strides ", list_str(x.strides()), "; call .contiguous() first");
-  check_norm_weight(kOp, weight, x, dim);
-  for (const auto& [name, table] : {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}}) {
-    TORCH_CHECK_VALUE(table.scalar_type() == x.scalar_type() && table.dim() == 2 && table.size(0) == tokens &&
-                          table.size(1) == dim && table.device() == x.device(),
-                      kOp, ": ", name, " must be [", std::to_string(tokens), ", ", std::to_string(dim), "] ",
-                      c10::toString(x.scalar_type()), " on ", x.device().str(), ", got ", list_str(table.sizes()), " ",
-                      c10::toString(table.scalar_type()), " on ", table.device().str());
-    check_contiguous(kOp, name, table);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"k", k}, {"v", v}}) {
+    TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(0) == tokens && t.size(2) == dim &&
+                          t.device() == q.device(),
+                      op, ": ", name, " must be [", std::to_string(tokens), ", kv_heads, ", std::to_string(dim), "] ",
+                      c10::toString(q.scalar_type()), " on ", q.device().str(), " (q's tokens, head_dim, dtype and "
+                      "device), got ", list_str(t.sizes()), " ", c10::toString(t.scalar_type()), " on ",
+                      t.device().str());
   }
+  const int64_t kv_heads = k.size(1);
+  TORCH_CHECK_VALUE(v.size(1) == kv_heads, op, ": v must have k's ", std::to_string(kv_heads), " heads, got ",
+                    std::to_string(v.size(1)));
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"v", v}}) {
+    TORCH_CHECK_VALUE(t.stride(2) == 1 && t.stride(1) == dim, op, ": each token's heads of ", name,
+                      " must be contiguous (strides [*, ", std::to_string(dim), ", 1]), got strides ",
+                      list_str(t.strides()), "; call .contiguous() first");
+  }
+  check_norm_weight(op, "q_weight", q_weight, "q", q, dim);
+  check_norm_weight(op, "k_weight", k_weight, "k", k, dim);
+  for (const auto& [name, table] : {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}}) {
+    TORCH_CHECK_VALUE(table.scalar_type() == q.scalar_type() && table.dim() == 2 && table.size(0) == tokens &&
+                          table.size(1) == dim && table.device() == q.device(),
+                      op, ": ", name, " must be [", std::to_string(tokens), ", ", std::to_string(dim), "] ",
+                      c10::toString(q.scalar_type()), " on ", q.device().str(), ", got ", list_str(table.sizes()), " ",
+                      c10::toString(table.scalar_type()), " on ", table.device().str());
+    check_contiguous(op, name, table);
+  }
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"k_prefix", k_prefix}, {"v_prefix", v_prefix}}) {
+    TORCH_CHECK_VALUE(t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(1) == kv_heads && t.size(2) == dim &&
+                          t.device() == q.device(),
+                      op, ": ", name, " must be [prefix, ", std::to_string(kv_heads), ", ", std::to_string(dim), "] ",
+                      c10::toString(q.scalar_type()), " on ", q.device().str(), ", got ", list_str(t.sizes()), " ",
+                      c10::toString(t.scalar_type()), " on ", t.device().str());
+    check_contiguous(op, name, t);
+  }
+  TORCH_CHECK_VALUE(v_prefix.size(0) == k_prefix.size(0), op, ": v_prefix must have k_prefix's ",
+                    std::to_string(k_prefix.size(0)), " tokens, got ", std::to_string(v_prefix.size(0)));
+  return dtype;
+}
 
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
-  at::Tensor out = at::empty(x.sizes(), x.options());  // contiguous, whatever x's token stride
-  check_launch(kOp, cosmos3::rms_norm_rope(x.data_ptr(), x.stride(0), heads, weight.data_ptr(), cos.data_ptr(),
-                                           sin.data_ptr(), out.data_ptr(), tokens, dim, float(eps), dtype,
-                                           at::cuda::getCurrentCUDAStream()));
-  return out;
+// q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim] (each token's heads contiguous); q_weight, k_weight:
+// [dim]; cos, sin: [tokens, dim]; k_prefix, v_prefix: [prefix, kv_heads, dim] -> q [tokens, heads, dim],
+// k, v [prefix + tokens, kv_heads, dim], contiguous.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_inputs_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& q_weight,
+    const at::Tensor& k_weight, double eps, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_prefix,
+    const at::Tensor& v_prefix) {
+  constexpr const char* kOp = "attention_inputs";
+  const Dtype dtype = check_attention_inputs_args(kOp, q, k, v, q_weight, k_weight, cos, sin, k_prefix, v_prefix);
+  const int64_t tokens = q.size(0), heads = q.size(1), kv_heads = k.size(1), dim = q.size(2);
+  const int64_t prefix = k_prefix.size(0);
+
+  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  at::Tensor q_out = at::empty(q.sizes(), q.options());  // contiguous, whatever q's token stride
+  at::Tensor k_out = at::empty({prefix + tokens, kv_heads, dim}, k.options());
+  at::Tensor v_out = at::empty({prefix + tokens, kv_heads, dim}, v.options());
+  check_launch(kOp, cosmos3::attention_inputs(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(),
+                                              v.stride(0), q_weight.data_ptr(), k_weight.data_ptr(), cos.data_ptr(),
+                                              sin.data_ptr(), k_prefix.data_ptr(), v_prefix.data_ptr(),
+                                              q_out.data_ptr(), k_out.data_ptr(), v_out.data_ptr(), tokens, heads,
+                                              kv_heads, prefix, dim, float(eps), dtype,
+                                              at::cuda::getCurrentCUDAStream()));
+  return {q_out, k_out, v_out};
 }
 
 }  // namespace
@@ -248,7 +295,7 @@ TORCH_LIBRARY_IMPL(cosmos3, CUDA, m) {
   m.impl("dequantize_fp8", &cosmos3::dequantize_fp8_cuda);
   m.impl("rms_norm", &cosmos3::rms_norm_cuda);
   m.impl("add_rms_norm", &cosmos3::add_rms_norm_cuda);
-  m.impl("rms_norm_rope", &cosmos3::rms_norm_rope_cuda);
+  m.impl("attention_inputs", &cosmos3::attention_inputs_cuda);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from cosmos3 import ops
 from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.linear import Linear, quantize_shared_input, shared_input_scale, validate_shared_input_scales
 from cosmos3.layers.norm import RMSNorm
@@ -44,6 +45,7 @@ class MoTAttention(nn.Module):
                  split_qkv: bool, make_linear: LinearFactory, dtype: torch.dtype, kernels: AttentionKernels):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.eps = eps  # both QK norms' (attention_inputs takes one)
         self.split_qkv = split_qkv
         self.kernels = kernels  # shared by every layer of the model: the attention choice lives there
         q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
@@ -66,9 +68,11 @@ class MoTAttention(nn.Module):
         """The FP8 scale the norm before ``tower``'s QKV should quantize with (None: 16-bit input)."""
         return shared_input_scale(self._projections(tower)) if self.split_qkv else None
 
-    def _qkv(self, tower: Tower, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """``[S, H]`` (FP8 when ``input_scale`` says so) -> q ``[S, nh, hd]``, k/v ``[S, nkv, hd]``; QK RMSNorm
-        per head and RoPE (q, k) in one kernel each."""
+    def _qkv(self, tower: Tower, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor,
+             v_prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[S, H]`` (FP8 when ``input_scale`` says so) and the K/V before this tower's ``[P, nkv, hd]`` -> q
+        ``[S, nh, hd]``, k/v ``[P + S, nkv, hd]``: QK RMSNorm per head, RoPE (q, k) and k/v after the prefixes,
+        one kernel."""
         if self.split_qkv:
             projections = self._projections(tower)
             x_in = quantize_shared_input(x, projections)  # one FP8 tensor for Q, K and V on W8A8 steps
@@ -76,21 +80,23 @@ class MoTAttention(nn.Module):
         else:
             fused = getattr(self, tower.fused_qkv)
             q, k, v = fused(x).split(fused.shard_sizes, dim=-1)  # column slices: strided tokens
-        q = getattr(self, tower.norm_q).rope(q.reshape(-1, self.num_heads, self.head_dim), cos, sin)
-        k = getattr(self, tower.norm_k).rope(k.reshape(-1, self.num_kv_heads, self.head_dim), cos, sin)
-        return q, k, v.reshape(-1, self.num_kv_heads, self.head_dim)
+        heads = (-1, self.num_heads, self.head_dim)
+        kv_heads = (-1, self.num_kv_heads, self.head_dim)
+        return ops.attention_inputs(q.reshape(heads), k.reshape(kv_heads), v.reshape(kv_heads),
+                                    getattr(self, tower.norm_q).weight, getattr(self, tower.norm_k).weight, self.eps,
+                                    cos, sin, k_prefix, v_prefix)
 
     def und(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """UND causal self-attention; returns the output and this layer's K/V for the cache."""
-        q, k, v = self._qkv(UND, x, cos, sin)
+        nothing = self.norm_k.weight.new_empty((0, self.num_kv_heads, self.head_dim))  # UND attends to UND only
+        q, k, v = self._qkv(UND, x, cos, sin, nothing, nothing)
         out = self.kernels.und(q, k, v)
         return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
 
     def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor):
         """GEN queries attend, unmasked, to the UND keys first and then the GEN keys."""
-        q, k, v = self._qkv(GEN, x, cos, sin)
-        out = self.kernels.gen(q, torch.cat([k_und, k]), torch.cat([v_und, v]))
-        return self.to_add_out(out)
+        q, k, v = self._qkv(GEN, x, cos, sin, k_und, v_und)  # k, v: [S_und + S_gen, nkv, hd]
+        return self.to_add_out(self.kernels.gen(q, k, v))
 
     def validate_after_loading(self, where: str) -> None:
         if self.split_qkv:

@@ -2,9 +2,10 @@
 
 Each use is one ``torch.ops.cosmos3`` kernel together with its neighbours in the layer: ``add`` takes the
 residual add before the norm, ``scale`` the FP8 quantization after it (a norm that feeds static W8A8
-projections), ``rope`` the rotary embedding after a QK norm. A GEN layer at a still's 1,024 tokens ran
-those neighbours as ten kernels of their own; every norm also used to be its own kernel. diffusers rounds the
-normalized value to bf16 before the weight multiply; we round once (identical in fp32).
+projections). The QK norms only hold their weights: ``cosmos3.ops.attention_inputs`` (in MoTAttention)
+normalizes q and k, applies RoPE and appends k and v to the UND K/V in one kernel. A GEN layer at a still's
+1,024 tokens ran those neighbours as ten kernels of their own; every norm also used to be its own kernel.
+diffusers rounds the normalized value to bf16 before the weight multiply; we round once (identical in fp32).
 """
 
 from __future__ import annotations
@@ -29,7 +30,3 @@ class RMSNorm(nn.Module):
             scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream ``x + delta`` ``[..., dim]`` and its norm (FP8 with ``scale``)."""
         return ops.add_rms_norm(x, delta, self.weight, self.eps, scale=scale)
-
-    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The norm of each head of ``x`` ``[S, heads, dim]``, rotated by RoPE tables ``[S, dim]`` (rope.py)."""
-        return ops.rms_norm_rope(x, self.weight, self.eps, cos, sin)

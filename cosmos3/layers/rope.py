@@ -15,7 +15,7 @@ class MRoPE(nn.Module):
 
     Llama-style rotate-half RoPE is ``x * cos + rotate_half(x) * sin``; ``rotate_half(x) * sin`` equals
     ``roll(x, head_dim / 2) * signed_sin`` with the sign folded into the table once per layout, which is the
-    form ``cosmos3.ops.rms_norm_rope`` computes (fused with the QK norm before it).
+    form ``cosmos3.ops.attention_inputs`` computes (fused with the QK norm before it).
     """
 
     def __init__(self, head_dim: int, theta: float, axes_dim: tuple[int, int, int]):

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cosmos3 import ops
+from cosmos3 import ops_cpu
 from cosmos3.attention_choice import ATTENTION_CHOICES, check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention_kernels import (
@@ -47,11 +47,11 @@ def layer_qkv(sq: int, sk: int, *, heads=8, kv_heads=2, hd=64, key_offset=0.0, d
         w = torch.randn(256, heads_out * hd, generator=g, device=device) / 16
         return (x @ w).view(n, heads_out, hd)
 
-    def normed_and_roped(t):  # the model's QK norm and RoPE, one op
+    def normed_and_roped(t):  # the model's QK norm and RoPE: the kernel's CPU twin (q and k differ in length here)
         weight = torch.exp(torch.randn(hd, generator=g, device=device) * 0.5 + 0.3)
         cos, sin = rope(grid_positions((t.shape[0], 1, 1), 100.0, fps=None, base_fps=24.0, temporal_compression=4),
                         torch.float32)
-        return ops.rms_norm_rope(t, weight, 1e-6, cos, sin)
+        return ops_cpu.rms_norm_rope(t, weight, 1e-6, cos, sin)  # plain torch ops: CPU or CUDA tensors
 
     q = normed_and_roped(tower(sq, heads))
     k = normed_and_roped(tower(sk, kv_heads)) + key_offset * torch.randn(1, kv_heads, hd, generator=g, device=device)

@@ -1,9 +1,10 @@
-"""torch.ops.cosmos3's norms: rms_norm (optionally FP8 out), add_rms_norm and rms_norm_rope.
+"""torch.ops.cosmos3's norms: rms_norm (optionally FP8 out) and add_rms_norm. attention_inputs, whose QK norms sum in
+the same order, is tested in test_attention_inputs.py.
 
 CPU tests (CI): registration (opcheck), argument checks, the CPU impl's sum order against a scalar walk of the
 kernel's lanes in exact arithmetic, its values against an fp64 formula, the fused forms against their parts.
 GPU tests (``-m gpu``): the CUDA kernels against the CPU impl bit for bit (vector and element paths, every
-dtype, strided heads), and under CUDA-graph replay.
+dtype), and under CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, i
 # span 2 and 4 warps with a lane short of chunks (300: 38 chunks; 1001: 126, the last one element), short and odd
 # rows (a partial chunk, the element path), one element.
 DIMS = [4096, 1001, 300, 128, 100, 24, 7, 1]
-HEAD_DIMS = [128, 64, 8, 6]
 
 
 def _rows(rows, dim, dtype=torch.bfloat16, device="cpu", seed=0, scale=1.0):
@@ -38,23 +38,15 @@ def _weight(dim, dtype=torch.bfloat16, device="cpu", seed=1):
     return torch.exp(torch.randn(dim, generator=gen) * 0.5).to(dtype).to(device)
 
 
-def _angles(tokens, dim, device="cpu"):
-    """[tokens, dim] rotary angles, each frequency twice (rotate-half's layout)."""
-    angles = torch.arange(tokens, dtype=torch.float32)[:, None] * torch.linspace(0.01, 3.0, dim // 2)
-    return torch.cat([angles, angles], dim=-1).to(device)
-
-
-def _tables(tokens, dim, dtype=torch.bfloat16, device="cpu"):
-    """cos and the signed sin of cosmos3.layers.rope.MRoPE: sin of the negated angle in the first half."""
-    angles = _angles(tokens, dim, device)
-    signed = torch.cat([-angles[:, : dim // 2], angles[:, dim // 2:]], dim=-1)
-    return angles.cos().to(dtype), signed.sin().to(dtype)
+def _exact_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp64 RMSNorm, in fp64."""
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * weight.double()
 
 
 def _reference_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """fp64 RMSNorm, rounded once to x's dtype."""
-    x64 = x.double()
-    return (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * weight.double()).to(x.dtype)
+    return _exact_norm(x, weight).to(x.dtype)
 
 
 def _ulps(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
@@ -87,18 +79,6 @@ INVALID_CALLS = [
     pytest.param(lambda d: (ops.add_rms_norm, (_rows(4, 8, device=d), _rows(4, 16, device=d)[:, ::2],
                                                _weight(8, device=d), EPS)),
                  "delta must be contiguous", id="add_rms_norm-strided-delta"),
-    pytest.param(lambda d: (ops.rms_norm_rope, (_rows(4, 8, device=d), _weight(8, device=d), EPS,
-                                                *_tables(4, 8, device=d))),
-                 r"x must be \[tokens, heads, head_dim\]", id="rope-rank"),
-    pytest.param(lambda d: (ops.rms_norm_rope, (_rows(4, 14, device=d)[:, :7].reshape(4, 1, 7),
-                                                _weight(7, device=d), EPS, *_tables(4, 8, device=d))),
-                 "head_dim must be positive and even", id="rope-odd-head-dim"),
-    pytest.param(lambda d: (ops.rms_norm_rope, (_rows(4, 16, device=d).view(4, 2, 8).transpose(0, 1),
-                                                _weight(8, device=d), EPS, *_tables(2, 8, device=d))),
-                 "each token's heads must be contiguous", id="rope-strided-heads"),
-    pytest.param(lambda d: (ops.rms_norm_rope, (_rows(4, 16, device=d).view(4, 2, 8), _weight(8, device=d), EPS,
-                                                *_tables(3, 8, device=d))),
-                 r"cos must be \[4, 8\]", id="rope-table-tokens"),
 ]
 
 
@@ -109,11 +89,6 @@ def test_opcheck_norms(fp8_out):
     scale = torch.tensor([0.02]) if fp8_out else None
     opcheck(torch.ops.cosmos3.rms_norm.default, (_rows(7, 40), _weight(40), EPS, scale))
     opcheck(torch.ops.cosmos3.add_rms_norm.default, (_rows(7, 40), _rows(7, 40, seed=2), _weight(40), EPS, scale))
-
-
-def test_opcheck_rms_norm_rope():
-    x = _rows(5, 3 * 32).view(5, 3, 32)
-    opcheck(torch.ops.cosmos3.rms_norm_rope.default, (x, _weight(32), EPS, *_tables(5, 32)))
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
@@ -185,43 +160,6 @@ def test_fp8_out_saturates_instead_of_overflowing_to_nan():
     assert not out.isnan().any() and out.abs().max() == 448.0
 
 
-def _reference_rope(x: torch.Tensor, weight: torch.Tensor, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rounded norm of each head, then Llama's rotate-half RoPE in fp64: n * cos + rotate_half(n) * sin, with
-    the tables' values (rounded to x's dtype) taken from the angles; and the sum of its terms' magnitudes."""
-    n = _reference_norm(x, weight).double()
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-n[..., half:], n[..., :half]], dim=-1)
-    cos, sin = (f(angles).to(x.dtype).double()[:, None] for f in (torch.cos, torch.sin))
-    return n * cos + rotated * sin, (n * cos).abs() + (rotated * sin).abs()
-
-
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -9, torch.float16: 2.0 ** -11, torch.float32: 2.0 ** -24}
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-def test_rms_norm_rope_is_norm_then_rotate_half(head_dim, dtype):
-    tokens, heads = 40, 4
-    x, w = _rows(tokens, heads * head_dim, dtype).view(tokens, heads, head_dim), _weight(head_dim, dtype)
-    cos, sin = _tables(tokens, head_dim, dtype)
-    exact, terms = _reference_rope(x, w, _angles(tokens, head_dim))
-    error = (ops.rms_norm_rope(x, w, EPS, cos, sin).double() - exact).abs()
-    # The result's rounding plus the normalized inputs' (16-bit: half an ulp each; fp32: the norm's few ulps),
-    # scaled by the terms, which may cancel: a wrong sign or partner errs by the size of the terms themselves.
-    u = UNIT_ROUNDOFF[dtype]
-    inputs = 8 * u if dtype == torch.float32 else 1.01 * u
-    assert (error <= u * exact.abs() + inputs * terms).all()
-
-
-def test_rms_norm_rope_reads_strided_tokens_as_their_contiguous_copy():
-    tokens, heads, dim = 9, 4, 32
-    fused = _rows(tokens, (heads + 2) * dim)  # a fused QKV's output: q is a column slice of it
-    q = fused[:, : heads * dim].reshape(tokens, heads, dim)
-    assert q.stride() == ((heads + 2) * dim, dim, 1)
-    w, (cos, sin) = _weight(dim), _tables(tokens, dim)
-    assert_same_bits(ops.rms_norm_rope(q, w, EPS, cos, sin), ops.rms_norm_rope(q.contiguous(), w, EPS, cos, sin))
-
-
 # --- GPU ---
 
 def _both(fn, *tensors):
@@ -255,19 +193,6 @@ def test_gpu_norm_off_a_16_byte_boundary_takes_the_element_path():
     x = buf[1:].view(20, 4096)  # a contiguous view 2 bytes past the allocation
     gpu, cpu = _both(lambda x, w: ops.rms_norm(x, w, EPS, scale=torch.tensor([0.02], device=x.device)), x, w)
     assert_same_bits(gpu, cpu)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [512, *HEAD_DIMS])  # 512: a head of 64 lanes, two warps
-def test_gpu_rms_norm_rope_matches_cpu_bit_for_bit(head_dim, dtype):
-    tokens, heads = 1024, 8
-    fused = _rows(tokens, (heads + 3) * head_dim, dtype, scale=3.0)
-    w, (cos, sin) = _weight(head_dim, dtype), _tables(tokens, head_dim, dtype)
-    for x in (fused[:, heads * head_dim:].reshape(tokens, 3, head_dim),  # strided tokens, as a fused QKV's k
-              fused.view(tokens, heads + 3, head_dim)):
-        gpu, cpu = _both(lambda x, w, c, s: ops.rms_norm_rope(x, w, EPS, c, s), x, w, cos, sin)
-        assert_same_bits(gpu, cpu)
 
 
 @pytest.mark.gpu
