@@ -22,6 +22,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -49,6 +50,15 @@ def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 8) -> None:
     model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs)
 
 
+class Mode(NamedTuple):
+    """What a graph was captured for, beside its layout: W8A16 and W8A8 steps, and FP8 and BF16 attention, are
+    different graphs, and a W8A16 graph reads the dequantized weights it was captured with."""
+
+    linears: tuple[str, ...]  # the GEN linears' quant method (empty without a step policy)
+    fp8_attention: bool
+    reads: int | None  # which DequantizedWeights (GenGraphs._held at their making); None: it dequantizes itself
+
+
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
@@ -74,14 +84,12 @@ class GenGraphs:
         controller = self.model.step_controller
         return controller is not None and any(lin.quant_method is W8A16 for lin in controller.gen_linears[:1])
 
-    def _mode(self) -> tuple:
-        """What the step runs now: W8A16 and W8A8 steps, and FP8 and BF16 attention, are different graphs, and a
-        W8A16 graph reads the dequantized weights it was captured with (None: it dequantizes them itself)."""
+    def _mode(self) -> Mode:
+        """What the step runs now (a graph per mode)."""
         controller = self.model.step_controller
         gen = () if controller is None else controller.gen_linears[:1]
-        linears = tuple(type(lin.quant_method).__name__ for lin in gen)
         reads = self._held if self._w8a16() and self.dequantized is not None else None
-        return linears + (self.model.attention.fp8_active, reads)
+        return Mode(tuple(type(lin.quant_method).__name__ for lin in gen), self.model.attention.fp8_active, reads)
 
     def _hold_dequantized(self) -> None:
         """Dequantize the GEN weights once for W8A16 passes, where the device has room for them."""
@@ -97,7 +105,7 @@ class GenGraphs:
         the device before the job starts (its peak memory is its own)."""
         if tokens <= GRAPH_MAX_TOKENS or self.dequantized is None:
             return
-        for key in [key for key in self._graphs if key[1][-1] is not None]:
+        for key in [key for key in self._graphs if key[1].reads is not None]:
             del self._graphs[key]
         self.dequantized.release()
         self.dequantized = None

@@ -83,7 +83,7 @@ def test_a_job_too_long_for_graphs_gets_the_dequantized_weights_memory_back(ckpt
     first = run_steps(model, latents)
     graphs, gen = model.cuda_graphs, model.step_controller.gen_linears
     held = torch.cuda.memory_allocated()
-    w8a16_graphs = [key for key in graphs._graphs if key[1][0] == "W8A16LinearMethod"]
+    w8a16_graphs = [key for key in graphs._graphs if key[1].linears == ("W8A16LinearMethod",)]
     assert len(w8a16_graphs) == 2 and graphs.dequantized is not None
 
     model.prepare_gen((4, 3, 4, 4), None)  # a job of the same short length keeps them
