@@ -233,12 +233,49 @@ __device__ __forceinline__ const T* row_start(const HeadRows<T>& r, int64_t row,
   return r.x + (row / r.heads) * r.stride + (row % r.heads) * dim;
 }
 
+// norm_rope_rows where a row is one chunk a lane within a warp (chunks == lanes <= 32: a Nano head of
+// 128 is 16 lanes): lane c's rotate-half partner is lane c ^ lanes/2 of the same row, so the partner's
+// normalized values come by shuffle instead of a reload and a second normalization, and the row's four loads
+// (x, weight, cos, sin) are all issued before the reduction: one memory round trip a row instead of three.
+template <typename T>
+__device__ __forceinline__ void norm_rope_lane_rows(const HeadRows<T>& x, const T* __restrict__ weight,
+                                                    const T* __restrict__ cos, const T* __restrict__ sin,
+                                                    int64_t dim, int lanes, float eps, int64_t block) {
+  const auto [row, lane] = row_lane(block, lanes);
+  const bool valid = row < x.rows;
+  const int64_t at = lane * kChunk, token = row / x.heads;
+  float v[kChunk] = {}, w[kChunk] = {}, co[kChunk] = {}, si[kChunk] = {};
+  if (valid) {
+    load_chunk<T, true>(row_start(x, row, dim) + at, v);
+    load_chunk<T, true>(weight + at, w);
+    load_chunk<T, true>(cos + token * dim + at, co);
+    load_chunk<T, true>(sin + token * dim + at, si);
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) acc = __fmaf_rn(v[i], v[i], acc);
+  const float inv = inverse_rms(row_sum(acc, lanes), dim, eps);
+  float y[kChunk];
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    const float n = round_to<T>(__fmul_rn(__fmul_rn(v[i], inv), w[i]));  // normalize_chunk's value
+    const float np = __shfl_xor_sync(0xffffffffu, n, lanes / 2);         // every lane: rows past the end too
+    y[i] = __fmaf_rn(np, si[i], __fmul_rn(n, co[i]));
+  }
+  if (valid) store_chunk<T, T, true>(x.out + row * dim + at, y);
+}
+
 // The QK norm and RoPE of x's rows, with the tables' row of each row's token; `block` counts from the rows'
 // first block. Every thread of the block calls it (row_sum may synchronize the block).
 template <typename T, bool kVector>
 __device__ __forceinline__ void norm_rope_rows(const HeadRows<T>& x, const T* __restrict__ weight,
                                                const T* __restrict__ cos, const T* __restrict__ sin, int64_t dim,
                                                int lanes, float eps, int64_t block) {
+  if constexpr (kVector) {
+    if (lanes == chunks_of(dim) && lanes <= 32) {
+      return norm_rope_lane_rows(x, weight, cos, sin, dim, lanes, eps, block);
+    }
+  }
   const auto [row, lane] = row_lane(block, lanes);
   const bool valid = row < x.rows;
   const int64_t chunks = chunks_of(dim);
