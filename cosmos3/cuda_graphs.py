@@ -79,17 +79,22 @@ class GenGraphs:
         self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
 
-    def _w8a16(self) -> bool:
-        """Whether the step runs W8A16 now (the step controller binds every GEN linear to one method)."""
+    def _gen_method(self):
+        """The GEN linears' quant method now (the step controller binds every GEN linear to one), or None."""
         controller = self.model.step_controller
-        return controller is not None and any(lin.quant_method is W8A16 for lin in controller.gen_linears[:1])
+        first = [] if controller is None else controller.gen_linears[:1]
+        return first[0].quant_method if first else None
+
+    def _w8a16(self) -> bool:
+        """Whether the step runs W8A16 now."""
+        return self._gen_method() is W8A16
 
     def _mode(self) -> Mode:
         """What the step runs now (a graph per mode)."""
-        controller = self.model.step_controller
-        gen = () if controller is None else controller.gen_linears[:1]
-        reads = self._held if self._w8a16() and self.dequantized is not None else None
-        return Mode(tuple(type(lin.quant_method).__name__ for lin in gen), self.model.attention.fp8_active, reads)
+        method = self._gen_method()
+        reads = self._held if method is W8A16 and self.dequantized is not None else None
+        linears = () if method is None else (type(method).__name__,)
+        return Mode(linears, self.model.attention.fp8_active, reads)
 
     def _hold_dequantized(self) -> None:
         """Dequantize the GEN weights once for W8A16 passes, where the device has room for them."""

@@ -260,13 +260,12 @@ class Cosmos3Pipeline:
         return Conditioning(self.vae.encode(video))  # [C, k, H', W']
 
     def _initial_latents(
-        self, plan: RenderPlan, generator: torch.Generator
+        self, plan: RenderPlan, shape: tuple[int, int, int, int], generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Vision noise ``[C, T', H', W']``, then sound noise ``[sound_dim, T_s]`` (None when silent).
+        """Vision noise ``[C, T', H', W']`` (``shape``), then sound noise ``[sound_dim, T_s]`` (None when silent).
 
         Drawn on the CPU, in the published pipeline's order, so a seed gives the same start on every device.
         """
-        shape = self._vae.config.latent_shape(plan.frames, plan.height, plan.width)  # the config's: no wait
         vision = torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
         if plan.sound_frames is None:
             return vision, None
@@ -303,7 +302,8 @@ class Cosmos3Pipeline:
         # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).
         encode_wait = self._vae.wait() if plan.task in ("i2v", "v2v") else 0.0
         # What the model keeps for passes of another length goes back before the job's memory is measured.
-        self.model.prepare_gen(self._vae.config.latent_shape(plan.frames, plan.height, plan.width), plan.sound_frames)
+        latent_shape = self._vae.config.latent_shape(plan.frames, plan.height, plan.width)  # the config's: no wait
+        self.model.prepare_gen(latent_shape, plan.sound_frames)
         memory.start()
         ids = self._token_ids(plan)
         tokenized = clock()
@@ -328,7 +328,7 @@ class Cosmos3Pipeline:
         memory.mark("und")
 
         generator = torch.Generator("cpu").manual_seed(plan.seed)
-        latents, sound = self._initial_latents(plan, generator)
+        latents, sound = self._initial_latents(plan, latent_shape, generator)
         latents = cond.pin(latents)
         # Nothing in a step waits for the GPU, so the host queues step i while the GPU runs step i - 1 (the small
         # kernels of CFG and the scheduler never leave it idle), then reports step i - 1 once it has run: the
