@@ -265,7 +265,9 @@ def _assert_gpu_matches_cpu(call: dict) -> None:
 @pytest.mark.parametrize("prefix", [pytest.param(0, id="und-tower"), pytest.param(40, id="gen-after-und")])
 @pytest.mark.parametrize("fused", [False, True], ids=["split-qkv", "fused-qkv"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [512, *HEAD_DIMS])  # 512: a head of 64 lanes, two warps
+# The kernel's three row paths: a chunk a lane with the partner by shuffle (128, 64), whole partner chunks
+# reloaded (48: 6 chunks on 8 lanes; 512: 64 lanes, two warps) and element by element (8, 6).
+@pytest.mark.parametrize("head_dim", [512, 48, *HEAD_DIMS])
 def test_gpu_attention_inputs_matches_cpu_bit_for_bit(head_dim, dtype, fused, prefix):
     # 333 tokens of 6 query and 2 KV heads: 1,998 and 666 rows, neither a multiple of a block's 4 (head_dim 512),
     # 16, 32 or 256 rows, so q's and k's last blocks are partial and k's rows and the copies start after them.
