@@ -15,6 +15,13 @@ fifth of the forward. Graphed W8A16 passes instead read the weights dequantized 
 for it: a still's nine W8A16 forwards then dequantize once. The copy lives while jobs stay graphed (its
 address is in their graphs); ``prepare`` drops it, and the graphs that read it, before a job whose passes are
 too long for graphs, which would gain nothing from it (a clip's W8A16 forward is ~1.9 s).
+
+A job's UND pass (once per CFG branch) is launch-bound too: ~1,700 small kernels a branch for a prompt of ~50
+tokens, 0.04 s of host time for 0.01 s of GPU work (benchmarks/results/h200-2026-12-02-session13.md). Each
+prompt length's pass is captured the first time it runs (that eager pass is the call's answer) and replayed
+after, for short jobs only: a negative prompt's length repeats across a manifest's jobs, and so do a prompt
+template's. A UND graph has its own pool (a few hundred MB: the dequantized weights of its W8A16 passes), given
+back with the dequantized weights before a long job.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ GRAPH_MAX_TOKENS = 16384
 # Free device memory the dequantized GEN weights must leave: what a graphed pass (up to GRAPH_MAX_TOKENS tokens)
 # and a still's VAE decode may still allocate beside them.
 DEQUANTIZED_HEADROOM = 8 << 30
+# Prompt lengths whose UND pass stays captured (least recently used dropped first).
+UND_GRAPHS = 8
 
 
 def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 8) -> None:
@@ -70,12 +79,22 @@ class _Captured:
     holds: weakref.ref  # the UndCache whose K/V ``cache`` holds now (a weak reference: never kept alive)
 
 
+@dataclass
+class _CapturedUnd:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor  # static input [S] ...
+    rotary: tuple[torch.Tensor, torch.Tensor]  # ... its RoPE tables, read by the graph
+    out: UndCache  # owned by the graph's pool
+
+
 class GenGraphs:
     def __init__(self, model, *, max_graphs: int = 8):
         self.model = model
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self._und_graphs: OrderedDict[int, _CapturedUnd] = OrderedDict()  # prompt length -> its UND pass
+        self._short_job = True  # whether the job prepare() last announced runs graphed
         self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
 
@@ -105,16 +124,36 @@ class GenGraphs:
             self._held += 1
 
     def prepare(self, tokens: int) -> None:
-        """Before a job whose GEN passes hold ``tokens`` tokens. Passes too long for graphs run eagerly: the
-        dequantized weights are dropped for them, with the graphs that read them, and their memory goes back to
-        the device before the job starts (its peak memory is its own)."""
-        if tokens <= GRAPH_MAX_TOKENS or self.dequantized is None:
+        """Before a job whose GEN passes hold ``tokens`` tokens. Passes too long for graphs run eagerly, and so
+        does such a job's UND pass: the dequantized weights, the graphs that read them and the UND graphs are
+        dropped for it, and their memory goes back to the device before the job starts (its peak is its own)."""
+        self._short_job = tokens <= GRAPH_MAX_TOKENS
+        if self._short_job or (self.dequantized is None and not self._und_graphs):
             return
         for key in [key for key in self._graphs if key[1].reads is not None]:
             del self._graphs[key]
-        self.dequantized.release()
-        self.dequantized = None
+        if self.dequantized is not None:
+            self.dequantized.release()
+            self.dequantized = None
+        self._und_graphs.clear()
         torch.cuda.empty_cache()
+
+    def und(self, ids: torch.Tensor) -> UndCache:
+        """The UND pass over device ids ``[S]``: replayed from its length's graph, else eager (then captured)."""
+        length = ids.numel()
+        if not self._short_job or length == 0:
+            return self.model.und(ids, *self.model.und_rotary(length))
+        captured = self._und_graphs.get(length)
+        if captured is None:
+            return self._capture_und(ids)
+        self._und_graphs.move_to_end(length)
+        captured.ids.copy_(ids)
+        captured.graph.replay()
+        # The next replay of this length overwrites the graph's K/V: the cache gets its own, in one copy kernel.
+        out = captured.out
+        keys, values = [torch.empty_like(k) for k in out.keys], [torch.empty_like(v) for v in out.values]
+        torch._foreach_copy_(keys + values, out.keys + out.values)
+        return UndCache(keys, values, length)
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
             sound: torch.Tensor | None) -> GenOutput:
@@ -158,3 +197,16 @@ class GenGraphs:
         captured = _Captured(graph, inputs[0], inputs[1], static, inputs[3], out, weakref.ref(cache))
         self._graphs[key] = captured
         return captured
+
+    def _capture_und(self, ids: torch.Tensor) -> UndCache:
+        """Runs the UND pass eagerly (also the warm-up a capture needs: lazy library init must not happen in
+        one), then captures it for this length's next calls; returns the eager pass's cache."""
+        if len(self._und_graphs) >= UND_GRAPHS:
+            self._und_graphs.popitem(last=False)
+        static, rotary = ids.clone(), self.model.und_rotary(ids.numel())
+        cache = self.model.und(static, *rotary)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # a pool of its own, freed with it
+            out = self.model.und(static, *rotary)
+        self._und_graphs[ids.numel()] = _CapturedUnd(graph, static, rotary, out)
+        return cache

@@ -178,8 +178,17 @@ class Cosmos3Transformer(nn.Module):
     def encode_text(self, input_ids: torch.Tensor) -> UndCache:
         """Run the UND tower once over ``input_ids`` ``[S]`` and keep every layer's K/V."""
         ids = input_ids.to(self.device).reshape(-1)
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.und(ids)
+        return self.und(ids, *self.und_rotary(ids.numel()))
+
+    def und_rotary(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The UND tower's RoPE tables ``[S, hd]`` for ``length`` text tokens (built on the host)."""
+        return self.rotary_emb(text_positions(length), self.dtype)
+
+    def und(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> UndCache:
+        """The UND tower on device tensors only (no host reads: CUDA-graph capturable); ``ids`` ``[S]``."""
         x, delta = self.embed_tokens(ids), None  # [S, H]
-        cos, sin = self.rotary_emb(text_positions(ids.numel()), self.dtype)
         keys, values = [], []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):

@@ -1,5 +1,6 @@
 """GEN steps replayed from CUDA graphs equal eager steps, across branches, timesteps and step precision; graphed
-W8A16 steps read the GEN weights dequantized once, and a job too long for graphs gets their memory back."""
+W8A16 steps read the GEN weights dequantized once, and a job too long for graphs gets their memory back. UND
+passes replayed from a graph per prompt length equal eager ones."""
 
 from __future__ import annotations
 
@@ -134,3 +135,44 @@ def test_a_replay_copies_the_und_cache_only_when_the_graph_holds_another(ckpts, 
     eager = load_transformer(ckpts[0], device="cuda", dtype=torch.bfloat16)
     assert torch.equal(swapped, eager.velocity(None, latents, 500.0, und_cache=eager.encode_text(OTHER.cuda())))
     assert torch.equal(again, eager.velocity(None, latents, 400.0, und_cache=eager.encode_text(COND.cuda())))
+
+
+def _und_passes(model):
+    """Two rounds over three prompts, OTHER of COND's length: the caches' K and V, in order."""
+    return [[*cache.keys, *cache.values] for _ in range(2) for cache in map(model.encode_text, (
+        COND.cuda(), UNCOND.cuda(), OTHER.cuda()))]
+
+
+@pytest.mark.parametrize("which", ["bf16", "fp8"])
+def test_und_graph_replay_equals_eager(ckpts, which, monkeypatch):
+    path = ckpts[0] if which == "bf16" else ckpts[1]
+    eager = _und_passes(load_transformer(path, device="cuda", dtype=torch.bfloat16))
+    model = _graphed(path)
+    captures = []
+    real_capture = model.cuda_graphs._capture_und
+    monkeypatch.setattr(model.cuda_graphs, "_capture_und", lambda ids: captures.append(ids.numel()) or
+                        real_capture(ids))
+    graphed = _und_passes(model)
+    # Each length captured once, on its first pass; every later pass (OTHER's first included) a replay whose
+    # cache is its own: COND's, taken before OTHER replayed the same graph, still holds COND's K/V.
+    assert captures == [len(COND), len(UNCOND)]
+    for i, (a, b) in enumerate(zip(eager, graphed, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), i
+
+
+def test_a_job_too_long_for_graphs_runs_its_und_pass_eagerly(ckpts):
+    model = _graphed(ckpts[1])
+    graphs = model.cuda_graphs
+    first = model.encode_text(COND.cuda())
+    assert len(graphs._und_graphs) == 1
+    side = int((GRAPH_MAX_TOKENS + 1) ** 0.5) + 1
+    model.prepare_gen((4, 1, 2 * side, 2 * side), None)  # a long job: the UND graphs go, nothing is captured
+    assert not graphs._und_graphs
+    long_job = model.encode_text(COND.cuda())
+    assert not graphs._und_graphs
+    model.prepare_gen((4, 3, 4, 4), None)  # short again: captured anew
+    again = model.encode_text(COND.cuda())
+    assert len(graphs._und_graphs) == 1
+    for cache in (long_job, again):
+        assert all(torch.equal(x, y) for x, y in zip([*first.keys, *first.values], [*cache.keys, *cache.values],
+                                                      strict=True))
