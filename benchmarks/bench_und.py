@@ -5,7 +5,8 @@ launches, not their maths. This loads the FP8 Nano checkpoint that ``bench_rende
 issue 15's T2I request (cond and uncond prompts), and then alternates rounds on the same weights:
 
 * eager: ``model.und`` (what ``encode_text`` ran before the UND graphs);
-* graphed: ``model.encode_text``, which replays each length's graph (captured in the warm-up).
+* graphed: ``model.encode_text``, which replays each length's graph (the warm-up runs each length twice: the
+  second pass captures).
 
 It prints each round's wall seconds (the host, until both caches are on the GPU), the medians and their ratio,
 and whether the two give the same K/V bit for bit.
@@ -56,7 +57,7 @@ def main() -> None:
         return model.und(branch, *model.und_rotary(branch.numel()))
 
     forms = {"eager": eager, "graphed": model.encode_text}
-    for und in (eager, model.encode_text, model.encode_text):  # warm-up; the first graphed pass captures
+    for und in (eager, model.encode_text, model.encode_text):  # warm-up; the second graphed pass captures
         timed(und, ids)
     seconds = {name: [] for name in forms}
     caches = {}

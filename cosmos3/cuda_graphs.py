@@ -17,11 +17,11 @@ address is in their graphs); ``prepare`` drops it, and the graphs that read it, 
 too long for graphs, which would gain nothing from it (a clip's W8A16 forward is ~1.9 s).
 
 A job's UND pass (once per CFG branch) is launch-bound too: ~1,700 small kernels a branch for a prompt of ~50
-tokens, 0.04 s of host time for 0.01 s of GPU work (benchmarks/results/h200-2026-12-02-session13.md). Each
-prompt length's pass is captured the first time it runs (that eager pass is the call's answer) and replayed
-after, for short jobs only: a negative prompt's length repeats across a manifest's jobs, and so do a prompt
-template's. A UND graph has its own pool (a few hundred MB: the dequantized weights of its W8A16 passes), given
-back with the dequantized weights before a long job.
+tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-2026-12-02-session13.md). In short
+jobs, a prompt length's pass is captured the second time the length runs (that eager pass is the call's answer)
+and replayed after: a negative prompt's length repeats across a manifest's jobs, and so does a prompt template's,
+while a length seen once (most prompts) never pays for a capture. A UND graph has its own pool (its W8A16 passes'
+dequantized weights, one at a time), given back with the dequantized GEN weights before a long job.
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class GenGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._und_graphs: OrderedDict[int, _CapturedUnd] = OrderedDict()  # prompt length -> its UND pass
+        self._und_seen: set[int] = set()  # prompt lengths whose UND pass has run (a second run captures)
         self._short_job = True  # whether the job prepare() last announced runs graphed
         self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
@@ -139,13 +140,16 @@ class GenGraphs:
         torch.cuda.empty_cache()
 
     def und(self, ids: torch.Tensor) -> UndCache:
-        """The UND pass over device ids ``[S]``: replayed from its length's graph, else eager (then captured)."""
+        """The UND pass over device ids ``[S]``: replayed from its length's graph, else eager (captured as well
+        when the length has run before)."""
         length = ids.numel()
-        if not self._short_job or length == 0:
-            return self.model.und(ids, *self.model.und_rotary(length))
+        seen = length in self._und_seen
+        self._und_seen.add(length)
         captured = self._und_graphs.get(length)
         if captured is None:
-            return self._capture_und(ids)
+            if self._short_job and seen and length > 0:
+                return self._capture_und(ids)
+            return self.model.und(ids, *self.model.und_rotary(length))
         self._und_graphs.move_to_end(length)
         captured.ids.copy_(ids)
         captured.graph.replay()
