@@ -7,7 +7,7 @@ graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` p
 cond and uncond branches of a render, and later renders of the same shape, reuse the graphs. The K/V
 copy is skipped while the graph's buffers already hold the cache passed in (a branch whose prompt
 length no other branch shares): 72 copies a forward at a still's 1,024 tokens, and a GPU-idle gap.
-All graphs share one memory pool; they never run concurrently and outputs are cloned out.
+All GEN graphs share one memory pool; they never run concurrently and outputs are cloned out.
 
 The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
 fifth of the forward. Graphed W8A16 passes instead read the weights dequantized once
