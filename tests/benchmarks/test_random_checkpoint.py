@@ -101,14 +101,15 @@ def test_bf16_variant_is_the_same_model_dequantized_and_loads_into_diffusers_str
 
 
 def test_the_benchmark_manifest_validates_against_its_checkpoint(roots, tmp_path):
-    """bench_render's manifest (the issue's workload, the second still included) is one `farm validate` accepts."""
+    """bench_render's manifest (the issue's workload, the second and third stills included) is one `farm validate`
+    accepts."""
     from benchmarks.bench_render import JOBS, PROMPT, write_manifest
     from farm import manifest
 
     path = write_manifest(tmp_path / "run", roots["fp8"], "fp8", list(JOBS))
     jobs = {job.key: job for job in manifest.load(path).jobs}
     assert set(jobs) == set(JOBS)
-    first, second = jobs["t2i"].request, jobs["t2i-seed2"].request
-    assert first.prompt == second.prompt == PROMPT
-    assert (first.width, first.height, first.steps) == (second.width, second.height, second.steps) == (1024, 1024, 50)
-    assert (first.seed, second.seed) == (0, 2)
+    stills = [jobs[key].request for key in ("t2i", "t2i-seed2", "t2i-seed3")]
+    assert all(still.prompt == PROMPT for still in stills)
+    assert all((still.width, still.height, still.steps) == (1024, 1024, 50) for still in stills)
+    assert [still.seed for still in stills] == [0, 2, 3]
