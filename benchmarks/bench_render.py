@@ -53,6 +53,14 @@ JOBS = {
 }
 
 
+def still_request():
+    """Issue 15's T2I job as the pipeline's request."""
+    from cosmos3.pipeline import RenderRequest
+
+    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
+    return RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)
+
+
 def machine() -> str:
     import torch
 
@@ -227,14 +235,13 @@ def do_direct(args) -> dict:
     from worker.gpu import configure_cuda_allocator
 
     configure_cuda_allocator()  # before torch touches CUDA
-    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+    from cosmos3.pipeline import Cosmos3Pipeline
 
     cache = drop_page_cache() if args.drop_caches else "kept"
     started = time.perf_counter()
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
     wall = time.perf_counter() - started
-    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
-    t2i = [pipe(RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)) for _ in range(2)]
+    t2i = [pipe(still_request()) for _ in range(2)]
     load = {**pipe.load_timings, "wall": wall, "page_cache": cache}  # after a job: the VAE's build has ended
     decodes = [] if args.no_decodes else _decodes(pipe, args.root / "fp8" / "vae")
     return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,

@@ -4,7 +4,7 @@ The UND tower runs once per CFG branch of a job. At a prompt's ~50 tokens its ~1
 launches, not their maths. This loads the FP8 Nano checkpoint that ``bench_render.py write`` makes, tokenizes
 issue 15's T2I request (cond and uncond prompts), and then alternates rounds on the same weights:
 
-* eager: ``model.und`` (what ``encode_text`` ran before the UND graphs);
+* eager: ``model.und`` (what ``encode_text`` runs without graphs);
 * graphed: ``model.encode_text``, which replays each length's graph (the warm-up runs each length twice: the
   second pass captures).
 
@@ -27,8 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_render import JOBS, PROMPT  # noqa: E402
-from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest  # noqa: E402
+from benchmarks.bench_render import still_request  # noqa: E402
+from cosmos3.pipeline import Cosmos3Pipeline  # noqa: E402
 from cosmos3.request import resolve  # noqa: E402
 
 
@@ -48,16 +48,12 @@ def main() -> None:
     args = parser.parse_args()
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
     model = pipe.model
-    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
-    ids = pipe._token_ids(resolve(RenderRequest(prompt=PROMPT, width=1024, height=1024, **still), pipe.rules))
+    ids = pipe._token_ids(resolve(still_request(), pipe.rules))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; Nano FP8, UND {len(model.layers)} layers, "
           f"token ids {' and '.join(str(branch.numel()) for branch in ids)} (cond, uncond)")
 
-    def eager(branch):
-        return model.und(branch, *model.und_rotary(branch.numel()))
-
-    forms = {"eager": eager, "graphed": model.encode_text}
-    for und in (eager, model.encode_text, model.encode_text):  # warm-up; the second graphed pass captures
+    forms = {"eager": model.und, "graphed": model.encode_text}
+    for und in (model.und, model.encode_text, model.encode_text):  # warm-up; the second graphed pass captures
         timed(und, ids)
     seconds = {name: [] for name in forms}
     caches = {}

@@ -149,7 +149,7 @@ class GenGraphs:
         if captured is None:
             if self._short_job and seen and length > 0:
                 return self._capture_und(ids)
-            return self.model.und(ids, *self.model.und_rotary(length))
+            return self.model.und(ids)
         self._und_graphs.move_to_end(length)
         captured.ids.copy_(ids)
         captured.graph.replay()
@@ -208,9 +208,9 @@ class GenGraphs:
         if len(self._und_graphs) >= UND_GRAPHS:
             self._und_graphs.popitem(last=False)
         static, rotary = ids.clone(), self.model.und_rotary(ids.numel())
-        cache = self.model.und(static, *rotary)
+        cache = self.model.und(static, rotary)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # a pool of its own, freed with it
-            out = self.model.und(static, *rotary)
+            out = self.model.und(static, rotary)
         self._und_graphs[ids.numel()] = _CapturedUnd(graph, static, rotary, out)
         return cache

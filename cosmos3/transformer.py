@@ -180,14 +180,16 @@ class Cosmos3Transformer(nn.Module):
         ids = input_ids.to(self.device).reshape(-1)
         if self.cuda_graphs is not None:
             return self.cuda_graphs.und(ids)
-        return self.und(ids, *self.und_rotary(ids.numel()))
+        return self.und(ids)
 
     def und_rotary(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The UND tower's RoPE tables ``[S, hd]`` for ``length`` text tokens (built on the host)."""
         return self.rotary_emb(text_positions(length), self.dtype)
 
-    def und(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> UndCache:
-        """The UND tower on device tensors only (no host reads: CUDA-graph capturable); ``ids`` ``[S]``."""
+    def und(self, ids: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> UndCache:
+        """The UND tower over device ids ``[S]``. Handed its RoPE tables (``und_rotary``), it touches device
+        tensors only (no host reads: CUDA-graph capturable)."""
+        cos, sin = self.und_rotary(ids.numel()) if rotary is None else rotary
         x, delta = self.embed_tokens(ids), None  # [S, H]
         keys, values = [], []
         last = len(self.layers) - 1
