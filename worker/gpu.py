@@ -35,11 +35,19 @@ def check_assignment(gpu_ids: list[str], visible: str | None) -> None:
 # decode of a 720p clip allocates blocks of many sizes, and with fixed segments the reserved memory ran 12 GiB
 # above the allocated peak on the H200 (benchmarks/results/h200-2026-12-01-rerun.md).
 CUDA_ALLOC_CONF = "expandable_segments:True"
+# cuBLASLt gets no workspace (KiB; torch reads it at its first cuBLASLt call). With one, at a still's 1,024 tokens
+# cuBLAS runs the MLP's gate and up GEMMs ([1024, 4096] x [4096, 12288], FP8) as a kernel that needs its workspace
+# zeroed first: a memset node before each, 72 a forward, whose dependency gaps (~5 us each) cost more than the
+# kernel gains over the one picked without a workspace. A clip's forwards take the same time either way.
+# benchmarks/bench_cublas_workspace.py measures both in one run.
+CUBLASLT_WORKSPACE_KIB = "0"
 
 
 def configure_cuda_allocator() -> None:
-    """Sets this process's allocator (before CUDA starts); a value the node's environment sets is kept."""
+    """Sets this process's device memory use (before CUDA starts): the caching allocator's segments and
+    cuBLASLt's workspace. A value the node's environment sets is kept."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", CUDA_ALLOC_CONF)
+    os.environ.setdefault("CUBLASLT_WORKSPACE_SIZE", CUBLASLT_WORKSPACE_KIB)
 
 
 def cuda_device_facts() -> dict[str, Any]:

@@ -49,8 +49,18 @@ def test_a_process_that_sees_other_than_one_cuda_device_is_refused(monkeypatch, 
 
 def test_a_gpu_worker_sets_expandable_allocator_segments_unless_the_node_says_otherwise(monkeypatch):
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)  # restored after the test
     gpu.configure_cuda_allocator()
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     gpu.configure_cuda_allocator()
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512"
+
+
+def test_a_gpu_worker_gives_cublaslt_no_workspace_unless_the_node_says_otherwise(monkeypatch):
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    gpu.configure_cuda_allocator()
+    assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "0"
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "32768")
+    gpu.configure_cuda_allocator()
+    assert os.environ["CUBLASLT_WORKSPACE_SIZE"] == "32768"
