@@ -9,6 +9,7 @@ inside the actor, never in the driver.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import socket
 import time
@@ -121,6 +122,18 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     return _Cosmos3Renderer(pipeline, device, facts)
 
 
+def settle_heap() -> None:
+    """Collects garbage, then freezes what is left alive (``gc.freeze``): later collections skip it.
+
+    A full collection walks every object the process tracks (torch, Ray, diffusers and the model; 0.36 s for
+    the imports alone on a 2-core machine) with the GIL held. Between a render's steps the GPU then idles: in a
+    farm run on the H200 one step of a still took 0.319 s instead of 0.016 s, and each CUDA-graph capture runs
+    one. Collecting first keeps garbage out of the frozen heap; a job's own is collected before the next job.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 @dataclasses.dataclass(frozen=True)
 class _Rendered:
     """A render waiting for its publish: the pipeline's output, its soundtrack, and when it started and ended."""
@@ -167,6 +180,7 @@ class RenderWorker:
 
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
         """Renders `job` and keeps its output for `publish`; returns as soon as the GPU is free for the next job."""
+        settle_heap()  # before the job's clock
         started = time.time()
         try:
             output = self._renderer(job.request, StepProgress(self._progress, job.key))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,37 @@ def test_a_vae_that_did_not_build_fails_the_job_as_the_workers_start(cluster, tm
     assert isinstance(raised.value.cause, WorkerStartError)
     assert str(raised.value.cause).startswith(f"{Path(m.model.checkpoint) / 'vae'}: the VAE did not build: ")
     assert output_files(Path(m.output_root)) == []
+
+
+def test_a_render_starts_on_a_collected_and_frozen_heap(cluster, tmp_path):
+    """A full collection of a worker's heap holds the GIL ~0.3 s, ten steps of a still: the worker collects
+    before a render's clock starts and freezes what is alive, so collections during the steps skip it. Garbage
+    made before the render is collected, not frozen."""
+
+    class Node:
+        pass
+
+    seen = {}
+
+    class Probe(fake.FakeRenderer):
+        def __call__(self, request, callback):
+            seen.update(frozen=gc.get_freeze_count(), garbage_left=garbage() is not None)
+            return super().__call__(request, callback)
+
+    m = _manifest(tmp_path)
+    Path(m.output_root).mkdir(exist_ok=True)
+    gc.disable()  # no automatic collection: only the worker's own can free the cycle
+    try:
+        cycle = Node()
+        cycle.self = cycle
+        garbage = weakref.ref(cycle)
+        del cycle
+        frozen_before = gc.get_freeze_count()
+        worker = RenderWorker(m.model, lambda model, gpu: Probe(RequestRules.from_checkpoint(model.checkpoint), 0.0),
+                              {**ORIGIN, "root": m.output_root}, 0)
+        assert garbage() is not None  # the worker's start collects nothing
+        worker.render(m.jobs[1], 1)
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert not seen["garbage_left"] and seen["frozen"] > frozen_before
