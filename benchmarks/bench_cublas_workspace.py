@@ -37,12 +37,12 @@ def measure(root: Path, attention: str, stills: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_render import JOBS, PROMPT, still_request
-    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+    from benchmarks.bench_render import job_request
+    from cosmos3.pipeline import Cosmos3Pipeline
     from cosmos3.request import resolve
 
     pipe = Cosmos3Pipeline.from_pretrained(root / "fp8", device="cuda", attention=attention)
-    request = still_request()
+    request = job_request("t2i")
     for _ in range(2):
         pipe(request)
     outs = [pipe(request) for _ in range(stills)]
@@ -63,8 +63,7 @@ def measure(root: Path, attention: str, stills: int) -> dict:
                                                                      or event.name.startswith("Memset")):
             kernels[event.name] += 1
 
-    clip = {k: v for k, v in JOBS["t2v"].items() if k not in ("id", "priority", "size")}
-    plan = resolve(RenderRequest(prompt=PROMPT, width=1280, height=720, **clip), pipe.rules)
+    plan = resolve(job_request("t2v"), pipe.rules)
     ids = pipe._token_ids(plan)[0]
     shape = pipe._vae.config.latent_shape(plan.frames, plan.height, plan.width)
     model = pipe.model

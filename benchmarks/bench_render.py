@@ -53,12 +53,13 @@ JOBS = {
 }
 
 
-def still_request():
-    """Issue 15's T2I job as the pipeline's request."""
+def job_request(name: str):
+    """One of issue 15's jobs (``JOBS[name]``, with ``PROMPT``) as the pipeline's request."""
     from cosmos3.pipeline import RenderRequest
 
-    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
-    return RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)
+    job = {k: v for k, v in JOBS[name].items() if k not in ("id", "priority", "size")}
+    width, height = JOBS[name]["size"]
+    return RenderRequest(prompt=PROMPT, width=width, height=height, **job)
 
 
 def machine() -> str:
@@ -241,7 +242,7 @@ def do_direct(args) -> dict:
     started = time.perf_counter()
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
     wall = time.perf_counter() - started
-    t2i = [pipe(still_request()) for _ in range(2)]
+    t2i = [pipe(job_request("t2i")) for _ in range(2)]
     load = {**pipe.load_timings, "wall": wall, "page_cache": cache}  # after a job: the VAE's build has ended
     decodes = [] if args.no_decodes else _decodes(pipe, args.root / "fp8" / "vae")
     return {"kind": "direct", "machine": machine(), "load": load, "decodes": decodes,

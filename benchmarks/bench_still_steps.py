@@ -43,9 +43,9 @@ def main() -> None:
     configure_cuda_allocator()  # a farm GPU worker's allocator, set before torch touches CUDA
     import torch
 
-    from benchmarks.bench_render import JOBS, PROMPT, machine
+    from benchmarks.bench_render import job_request, machine
     from cosmos3 import cuda_graphs, pipeline, sampling, step_precision, timing
-    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+    from cosmos3.pipeline import Cosmos3Pipeline
 
     class SyncedSteps(timing.StepTimes):
         """The old clock: wall-clock marks (the CPU branch of StepTimes), the GPU drained at each one."""
@@ -76,8 +76,7 @@ def main() -> None:
          cuda_graphs.GenGraphs.run) = waiting if waits else shipped
 
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", attention=args.attention)
-    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
-    request = RenderRequest(prompt=PROMPT, width=1024, height=1024, **still)
+    request = job_request("t2i")
 
     def render() -> tuple[float, float]:
         started = time.perf_counter()

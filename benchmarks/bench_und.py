@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_render import still_request  # noqa: E402
+from benchmarks.bench_render import job_request  # noqa: E402
 from cosmos3.pipeline import Cosmos3Pipeline  # noqa: E402
 from cosmos3.request import resolve  # noqa: E402
 
@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
     model = pipe.model
-    ids = pipe._token_ids(resolve(still_request(), pipe.rules))
+    ids = pipe._token_ids(resolve(job_request("t2i"), pipe.rules))
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}; Nano FP8, UND {len(model.layers)} layers, "
           f"token ids {' and '.join(str(branch.numel()) for branch in ids)} (cond, uncond)")
 
