@@ -58,7 +58,7 @@ def build_transformer(
     model.attention.check_device(device)
     kernels_ready = clock()
     load_checkpoint(model, tensors)
-    model.validate_after_loading()
+    model.finish_loading()
     # Seconds to allocate the model and to ready its attention kernels, seconds and bytes to fill it from the
     # checkpoint (worker start figures).
     model.load_report = {"build": built - started, "attention_kernels": kernels_ready - built,

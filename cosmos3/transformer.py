@@ -320,9 +320,10 @@ class Cosmos3Transformer(nn.Module):
     def step_policy_info(self) -> dict | None:
         return None if self.step_controller is None else self.step_controller.describe()
 
-    def validate_after_loading(self) -> None:
-        """Load-time invariants, checked once every projection is final (never in forward)."""
+    def finish_loading(self) -> None:
+        """Once every projection is final (never in forward): checks load-time invariants and makes what derives
+        from the loaded tensors (packed groups' column scales)."""
         for i, layer in enumerate(self.layers):
-            layer.self_attn.validate_after_loading(f"layers.{i}.self_attn")
-            layer.mlp.validate_after_loading(f"layers.{i}.mlp")
-            layer.mlp_moe_gen.validate_after_loading(f"layers.{i}.mlp_moe_gen")
+            layer.self_attn.finish_loading(f"layers.{i}.self_attn")
+            layer.mlp.finish_loading(f"layers.{i}.mlp")
+            layer.mlp_moe_gen.finish_loading(f"layers.{i}.mlp_moe_gen")

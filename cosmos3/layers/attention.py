@@ -3,7 +3,8 @@
 Attribute names are the checkpoint's: ``to_q/to_k/to_v/to_out`` + ``norm_q/norm_k`` are the
 UND tower, ``add_q_proj/add_k_proj/add_v_proj/to_add_out`` + ``norm_added_q/norm_added_k`` the
 GEN tower. BF16 and dynamic FP8 fuse each tower's Q/K/V into one Linear (``to_qkv`` /
-``add_qkv_proj``); static FP8 keeps them split and quantizes their shared input once.
+``add_qkv_proj``); static FP8 keeps them split, quantizes their shared input once, and at few tokens runs
+them as one GEMM over their packed weights (cosmos3/layers/packed.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from cosmos3 import ops
 from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.linear import Linear, quantize_shared_input, shared_input_scale, validate_shared_input_scales
 from cosmos3.layers.norm import RMSNorm
+from cosmos3.layers.packed import PackedProjections
 
 # make_linear(checkpoint_name, in_features, out_features, shard_keys) -> Linear
 LinearFactory = Callable[..., Linear]
@@ -60,6 +62,9 @@ class MoTAttention(nn.Module):
             setattr(self, tower.out, make_linear(tower.out, q_dim, hidden_size))
             setattr(self, tower.norm_q, RMSNorm(head_dim, eps, dtype))
             setattr(self, tower.norm_k, RMSNorm(head_dim, eps, dtype))
+        # tower.q -> the tower's Q/K/V packed into one weight buffer (None unless all three are static FP8)
+        self.packed = {tower.q: PackedProjections.of(self._projections(tower)) for tower in (UND, GEN)} \
+            if split_qkv else {}
 
     def _projections(self, tower: Tower) -> list[Linear]:
         return [getattr(self, name) for name in (tower.q, tower.k, tower.v)]
@@ -76,7 +81,11 @@ class MoTAttention(nn.Module):
         if self.split_qkv:
             projections = self._projections(tower)
             x_in = quantize_shared_input(x, projections)  # one FP8 tensor for Q, K and V on W8A8 steps
-            q, k, v = (proj(x_in) for proj in projections)
+            packed = self.packed[tower.q]
+            if packed is not None and packed.wants(x_in):
+                q, k, v = packed(x_in)  # column slices of one GEMM's [S, q_dim + 2 * kv_dim]: strided tokens
+            else:
+                q, k, v = (proj(x_in) for proj in projections)
         else:
             fused = getattr(self, tower.fused_qkv)
             q, k, v = fused(x).split(fused.shard_sizes, dim=-1)  # column slices: strided tokens
@@ -98,9 +107,13 @@ class MoTAttention(nn.Module):
         q, k, v = self._qkv(GEN, x, cos, sin, k_und, v_und)  # k, v: [S_und + S_gen, nkv, hd]
         return self.to_add_out(self.kernels.gen(q, k, v))
 
-    def validate_after_loading(self, where: str) -> None:
+    def finish_loading(self, where: str) -> None:
+        """Checks the loaded scales; makes the packed groups' column scales from them."""
         if self.split_qkv:
             for tower in (UND, GEN):
                 group = dict(zip((tower.q, tower.k, tower.v), self._projections(tower), strict=True))
                 validate_shared_input_scales(group, where)
+        for packed in self.packed.values():
+            if packed is not None:
+                packed.refresh()
 

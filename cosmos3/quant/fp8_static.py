@@ -3,7 +3,8 @@
 ``x_fp8 = sat_e4m3(x / input_scale)``; ``y = (x_fp8 @ W_fp8^T) * input_scale * weight_scale (+ b)``
 through ``torch._scaled_mm`` (fast accumulation off) on CUDA, and on the CPU as an fp32 product of the same e4m3
 operands (see ``scaled_mm``). A layer is
-never fused: each projection keeps its own weight_scale, so nothing is rounded twice. Scales
+never fused: each projection keeps its own weight_scale, so nothing is rounded twice (projections that read one
+input may run as one GEMM with per-column scales, the same products: cosmos3/layers/packed.py). Scales
 may be 0-d (as ModelOpt writes them) or one element; they load with their shape and bytes.
 The decoder projections are bias-free; proj_in, proj_out and the time_embedder linears, when
 a checkpoint quantizes them, carry a high-precision bias added after the scaled GEMM.
@@ -29,7 +30,8 @@ MODELOPT_BUFFERS = {
 
 
 def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_dtype) -> torch.Tensor:
-    """``[..., K] fp8 x [N, K] fp8 -> [..., N]`` with per-tensor scales read on the device.
+    """``[..., K] fp8 x [N, K] fp8 -> [..., N]`` with scales read on the device: per tensor (0-d or [1]), or per
+    row ``[M, 1]`` and per column ``[1, N]`` (a packed group, cosmos3/layers/packed.py).
 
     On the CPU the operands go up to fp32, which holds every e4m3 value exactly: the same scaled product with
     fp32 accumulation, in another summation order. oneDNN's FP8 matmul is its reference loop on CPUs without
@@ -69,8 +71,11 @@ class StaticFP8LinearMethod(LinearMethod):
         for suffix in ("weight_scale", "input_scale"):
             require_scalar_scale(tensors[suffix], f"{name}.{suffix}")
         check_modelopt_buffers(tensors, name)
-        # Keep the checkpoint's exact tensors (shape and bytes): state_dict() must give them back.
-        for suffix in ("weight", "weight_scale", "input_scale"):
+        # Keep the checkpoint's exact tensors (shape and bytes): state_dict() must give them back. The weight (its
+        # shape checked by the loader) goes into the parameter made for it, which may be a packed group's slice
+        # (cosmos3/layers/packed.py); the scales keep their stored shape, 0-d or [1].
+        layer.weight.data.copy_(tensors["weight"])
+        for suffix in ("weight_scale", "input_scale"):
             setattr(layer, suffix, torch.nn.Parameter(tensors[suffix].to(layer.weight.device).clone(), False))
         if layer.has_bias:
             layer.bias.data.copy_(tensors["bias"].to(layer.bias.dtype))

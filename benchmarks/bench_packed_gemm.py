@@ -1,0 +1,217 @@
+"""Packed static-FP8 projections (cosmos3/layers/packed.py) against split ones, side by side (GPU; issue 15).
+
+``gemms``: Nano's two packed groups a layer, each as the model runs it, at a sweep of token counts, 36 calls over
+8 weight sets in one CUDA graph, the variants alternating for ``--rounds``:
+
+* Q/K/V: three per-tensor-scaled GEMMs (4,096 + 1,024 + 1,024 columns) against one per-column-scaled GEMM of
+  6,144;
+* gate/up and SwiGLU: two GEMMs of 12,288 columns and the FP8 swiglu of two contiguous tensors, against one GEMM
+  of 24,576 and the swiglu reading its two halves in place.
+
+It prints the ratios and the largest swept token count up to which packing wins at every size: the figure for
+``PACKED_MAX_TOKENS``.
+
+``still``: issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
+``bench_render.py write`` makes, packed (the table as it is) against split (an empty table), in processes that
+alternate, ``--rounds`` of each: two warm-up stills, then ``--stills`` measured.
+
+Both run under the farm worker's CUDA settings (``worker.gpu.configure_cuda_allocator``: no cuBLASLt workspace).
+
+    python benchmarks/bench_packed_gemm.py gemms
+    python benchmarks/bench_render.py write --root /tmp/nano --variants fp8
+    python benchmarks/bench_packed_gemm.py still --root /tmp/nano --attention fp8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+
+HIDDEN, Q_DIM, KV_DIM, INTERMEDIATE = 4096, 4096, 1024, 12288  # Nano's GEN tower
+TOKENS = (256, 1024, 2048, 4096, 8192, 16384, 44160)  # a small still ... the T2V clip
+WEIGHT_SETS = 8  # more than the 50 MB L2 holds, as 36 layers' weights
+CALLS = 36  # one forward's layers
+
+
+def group_of(sizes: tuple[int, ...], seed: int):
+    """Static-FP8 linears of ``sizes`` loaded with random weights and scales, and their packed group."""
+    import torch
+
+    from cosmos3.layers.linear import Linear
+    from cosmos3.layers.packed import PackedProjections
+    from cosmos3.quant import STATIC_FP8
+    from cosmos3.quant.fp8_static import FP8
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    with torch.device("cuda"):
+        linears = [Linear(HIDDEN, n, quant_method=STATIC_FP8, dtype=torch.bfloat16) for n in sizes]
+        group = PackedProjections.of(linears)
+    input_scale = torch.tensor(0.02, device="cuda")
+    for linear in linears:
+        weight = (torch.randn(linear.out_features, HIDDEN, device="cuda", generator=g) * 50).clamp(-448, 448).to(FP8)
+        scale = torch.rand((), device="cuda", generator=g) * 0.001 + 0.001
+        STATIC_FP8.load_weights(linear, {"": {"weight": weight, "weight_scale": scale,
+                                              "input_scale": input_scale.clone()}}, "bench")
+    group.refresh()
+    return linears, group
+
+
+def graphed_us(fn, rounds_of: list):
+    """Captures CALLS calls of ``fn(i)`` in one graph; returns a function that appends a replay's microseconds a
+    call to ``rounds_of``."""
+    import torch
+
+    for i in range(3):
+        fn(i)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            fn(i)
+
+    def time_once() -> None:
+        graph.replay()
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        rounds_of.append(begin.elapsed_time(end) * 1e3 / CALLS)
+
+    return time_once
+
+
+def gemms(args) -> None:
+    import torch
+
+    from cosmos3 import ops
+    from cosmos3.layers import packed
+    from cosmos3.quant.fp8_static import FP8
+
+    major, minor = torch.cuda.get_device_capability()
+    packed.PACKED_MAX_TOKENS[10 * major + minor] = max(args.tokens)  # the sweep packs at every size it measures
+    qkv = [group_of((Q_DIM, KV_DIM, KV_DIM), seed) for seed in range(WEIGHT_SETS)]
+    gate_up = [group_of((INTERMEDIATE, INTERMEDIATE), 100 + seed) for seed in range(WEIGHT_SETS)]
+    down_scale = torch.tensor([0.05], device="cuda")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; us a call (median of {args.rounds} rounds), "
+          f"{CALLS} calls over {WEIGHT_SETS} weight sets in one CUDA graph\n")
+    print("| tokens | Q/K/V split | packed | split/packed | gate/up+swiglu split | packed | split/packed | "
+          "both split/packed |")
+    print("|---|---|---|---|---|---|---|---|")
+    wins_up_to = 0
+    for tokens in args.tokens:
+        x = (torch.randn(tokens, HIDDEN, device="cuda") * 30).to(FP8)
+        assert all(group.wants(x) for _, group in qkv + gate_up)
+
+        def qkv_split(i):
+            return [linear(x) for linear in qkv[i % WEIGHT_SETS][0]]
+
+        def qkv_packed(i):
+            return qkv[i % WEIGHT_SETS][1](x)
+
+        def mlp_split(i):
+            gate, up = (linear(x) for linear in gate_up[i % WEIGHT_SETS][0])
+            return ops.silu_and_mul_2in(gate, up, scale=down_scale)
+
+        def mlp_packed(i):
+            gate, up = gate_up[i % WEIGHT_SETS][1](x)
+            return ops.silu_and_mul_2in(gate, up, scale=down_scale)
+
+        # The packed group's outputs are the split ones, bit for bit (tests/cosmos3/test_packed.py asserts it too).
+        assert all(torch.equal(a, b) for a, b in zip(qkv_split(0), qkv_packed(0), strict=True))
+        assert torch.equal(mlp_split(0), mlp_packed(0))
+        times = {name: [] for name in ("qkv_split", "qkv_packed", "mlp_split", "mlp_packed")}
+        runs = {name: graphed_us(fn, times[name]) for name, fn in
+                (("qkv_split", qkv_split), ("qkv_packed", qkv_packed), ("mlp_split", mlp_split),
+                 ("mlp_packed", mlp_packed))}
+        for _ in range(args.rounds):
+            for run in runs.values():
+                run()
+        med = {name: statistics.median(t) for name, t in times.items()}
+        both = (med["qkv_split"] + med["mlp_split"]) / (med["qkv_packed"] + med["mlp_packed"])
+        print(f"| {tokens:,} | {med['qkv_split']:.2f} | {med['qkv_packed']:.2f} | "
+              f"{med['qkv_split'] / med['qkv_packed']:.3f}x | {med['mlp_split']:.2f} | {med['mlp_packed']:.2f} | "
+              f"{med['mlp_split'] / med['mlp_packed']:.3f}x | {both:.3f}x |", flush=True)
+        if both >= 1.0 and wins_up_to == max((t for t in args.tokens if t < tokens), default=0):
+            wins_up_to = tokens
+        del runs  # the graphs and their pools
+        torch.cuda.empty_cache()
+    print(f"\npacking wins at every swept size up to {wins_up_to:,} tokens (PACKED_MAX_TOKENS)")
+
+
+def still_child(args) -> None:
+    """One process: the still, packed or split, printed as one JSON line."""
+    from cosmos3.layers import packed
+
+    if args.child == "split":
+        packed.PACKED_MAX_TOKENS.clear()
+    from benchmarks.bench_render import job_request
+    from cosmos3.layers.packed import PackedProjections
+    from cosmos3.pipeline import Cosmos3Pipeline
+
+    calls = []
+    real = PackedProjections.__call__
+    PackedProjections.__call__ = lambda self, x: calls.append(1) or real(self, x)  # counts captures and eager calls
+    pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", attention=args.attention)
+    request = job_request("t2i")
+    for _ in range(2):
+        pipe(request)
+    outs = [pipe(request) for _ in range(args.stills)]
+    print(json.dumps({"steps": [sum(out.timings["steps"]) for out in outs],
+                      "median_step": [statistics.median(out.timings["steps"]) for out in outs],
+                      "packed_calls": len(calls), "frame_sum": int(outs[-1].frames.astype("int64").sum())}))
+
+
+def still(args) -> None:
+    results = {"packed": [], "split": []}
+    for _ in range(args.rounds):
+        for setting in results:
+            command = [sys.executable, __file__, "still", "--root", str(args.root), "--attention", args.attention,
+                       "--stills", str(args.stills), "--child", setting]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise SystemExit(f"{setting}: the child failed\n{done.stderr[-3000:]}")
+            result = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+            results[setting].append(result)
+            print(f"{setting}: steps sums {', '.join(f'{s:.4f}' for s in result['steps'])} s; packed group calls "
+                  f"{result['packed_calls']}; frame sum {result['frame_sum']}", flush=True)
+    medians = {setting: statistics.median(s for r in rs for s in r["steps"]) for setting, rs in results.items()}
+    print(f"\nsteps sum, median over {args.rounds} x {args.stills} stills: packed {medians['packed']:.4f} s, "
+          f"split {medians['split']:.4f} s: split/packed {medians['split'] / medians['packed']:.3f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gemm_parser = sub.add_parser("gemms")
+    gemm_parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    gemm_parser.add_argument("--rounds", type=int, default=5)
+    still_parser = sub.add_parser("still")
+    still_parser.add_argument("--root", type=Path, required=True, help="bench_render.py write's --root")
+    still_parser.add_argument("--attention", default="fp8", choices=ATTENTION_CHOICES)
+    still_parser.add_argument("--rounds", type=int, default=2)
+    still_parser.add_argument("--stills", type=int, default=3)
+    still_parser.add_argument("--child", choices=("packed", "split"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    from worker.gpu import configure_cuda_allocator
+
+    configure_cuda_allocator()  # a farm GPU worker's CUDA settings, before torch touches CUDA
+    if args.command == "gemms":
+        gemms(args)
+    elif args.child:
+        still_child(args)
+    else:
+        still(args)
+
+
+if __name__ == "__main__":
+    main()
