@@ -1,15 +1,9 @@
-"""Packed static-FP8 projections (cosmos3/layers/packed.py) against split ones, side by side (GPU; issue 15).
+"""A packed static-FP8 Q/K/V (cosmos3/layers/packed.py) against split ones, side by side (GPU; issue 15).
 
-``gemms``: Nano's two packed groups a layer, each as the model runs it, at a sweep of token counts, 36 calls over
-8 weight sets in one CUDA graph, the variants alternating for ``--rounds``:
-
-* Q/K/V: three per-tensor-scaled GEMMs (4,096 + 1,024 + 1,024 columns) against one per-column-scaled GEMM of
-  6,144;
-* gate/up and SwiGLU: two GEMMs of 12,288 columns and the FP8 swiglu of two contiguous tensors, against one GEMM
-  of 24,576 and the swiglu reading its two halves in place.
-
-It prints the ratios and the largest swept token count up to which packing wins at every size: the figure for
-``PACKED_MAX_TOKENS``.
+``gemms``: Nano's GEN Q/K/V as the model runs it, three per-tensor-scaled GEMMs (4,096 + 1,024 + 1,024 columns)
+against one per-column-scaled GEMM of 6,144, at a sweep of token counts, 36 calls over 8 weight sets in one CUDA
+graph, the two alternating for ``--rounds``. It prints the ratios and the largest swept token count up to which
+packing wins at every size: the figure for ``PACKED_MAX_TOKENS``.
 
 ``still``: issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
 ``bench_render.py write`` makes, packed (the table as it is) against split (an empty table), in processes that
@@ -35,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
 
-HIDDEN, Q_DIM, KV_DIM, INTERMEDIATE = 4096, 4096, 1024, 12288  # Nano's GEN tower
+HIDDEN, Q_DIM, KV_DIM = 4096, 4096, 1024  # Nano's GEN tower
 TOKENS = (256, 1024, 2048, 4096, 8192, 16384, 44160)  # a small still ... the T2V clip
 WEIGHT_SETS = 8  # more than the 50 MB L2 holds, as 36 layers' weights
 CALLS = 36  # one forward's layers
@@ -92,55 +86,38 @@ def graphed_us(fn, rounds_of: list):
 def gemms(args) -> None:
     import torch
 
-    from cosmos3 import ops
     from cosmos3.layers import packed
     from cosmos3.quant.fp8_static import FP8
 
     major, minor = torch.cuda.get_device_capability()
     packed.PACKED_MAX_TOKENS[10 * major + minor] = max(args.tokens)  # the sweep packs at every size it measures
-    qkv = [group_of((Q_DIM, KV_DIM, KV_DIM), seed) for seed in range(WEIGHT_SETS)]
-    gate_up = [group_of((INTERMEDIATE, INTERMEDIATE), 100 + seed) for seed in range(WEIGHT_SETS)]
-    down_scale = torch.tensor([0.05], device="cuda")
+    groups = [group_of((Q_DIM, KV_DIM, KV_DIM), seed) for seed in range(WEIGHT_SETS)]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; us a call (median of {args.rounds} rounds), "
           f"{CALLS} calls over {WEIGHT_SETS} weight sets in one CUDA graph\n")
-    print("| tokens | Q/K/V split | packed | split/packed | gate/up+swiglu split | packed | split/packed | "
-          "both split/packed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| tokens | Q/K/V split us | packed us | split/packed |")
+    print("|---|---|---|---|")
     wins_up_to = 0
     for tokens in args.tokens:
         x = (torch.randn(tokens, HIDDEN, device="cuda") * 30).to(FP8)
-        assert all(group.wants(x) for _, group in qkv + gate_up)
+        assert all(group.wants(x) for _, group in groups)
 
-        def qkv_split(i):
-            return [linear(x) for linear in qkv[i % WEIGHT_SETS][0]]
+        def split(i):
+            return [linear(x) for linear in groups[i % WEIGHT_SETS][0]]
 
-        def qkv_packed(i):
-            return qkv[i % WEIGHT_SETS][1](x)
-
-        def mlp_split(i):
-            gate, up = (linear(x) for linear in gate_up[i % WEIGHT_SETS][0])
-            return ops.silu_and_mul_2in(gate, up, scale=down_scale)
-
-        def mlp_packed(i):
-            gate, up = gate_up[i % WEIGHT_SETS][1](x)
-            return ops.silu_and_mul_2in(gate, up, scale=down_scale)
+        def packed_qkv(i):
+            return groups[i % WEIGHT_SETS][1](x)
 
         # The packed group's outputs are the split ones, bit for bit (tests/cosmos3/test_packed.py asserts it too).
-        assert all(torch.equal(a, b) for a, b in zip(qkv_split(0), qkv_packed(0), strict=True))
-        assert torch.equal(mlp_split(0), mlp_packed(0))
-        times = {name: [] for name in ("qkv_split", "qkv_packed", "mlp_split", "mlp_packed")}
-        runs = {name: graphed_us(fn, times[name]) for name, fn in
-                (("qkv_split", qkv_split), ("qkv_packed", qkv_packed), ("mlp_split", mlp_split),
-                 ("mlp_packed", mlp_packed))}
+        assert all(torch.equal(a, b) for a, b in zip(split(0), packed_qkv(0), strict=True))
+        times = {"split": [], "packed": []}
+        runs = [graphed_us(split, times["split"]), graphed_us(packed_qkv, times["packed"])]
         for _ in range(args.rounds):
-            for run in runs.values():
+            for run in runs:
                 run()
         med = {name: statistics.median(t) for name, t in times.items()}
-        both = (med["qkv_split"] + med["mlp_split"]) / (med["qkv_packed"] + med["mlp_packed"])
-        print(f"| {tokens:,} | {med['qkv_split']:.2f} | {med['qkv_packed']:.2f} | "
-              f"{med['qkv_split'] / med['qkv_packed']:.3f}x | {med['mlp_split']:.2f} | {med['mlp_packed']:.2f} | "
-              f"{med['mlp_split'] / med['mlp_packed']:.3f}x | {both:.3f}x |", flush=True)
-        if both >= 1.0 and wins_up_to == max((t for t in args.tokens if t < tokens), default=0):
+        ratio = med["split"] / med["packed"]
+        print(f"| {tokens:,} | {med['split']:.2f} | {med['packed']:.2f} | {ratio:.3f}x |", flush=True)
+        if ratio >= 1.0 and wins_up_to == max((t for t in args.tokens if t < tokens), default=0):
             wins_up_to = tokens
         del runs  # the graphs and their pools
         torch.cuda.empty_cache()

@@ -4,7 +4,6 @@
         out = g' * sigmoid(alpha * g') * (u' + beta), g' = min(g, limit), u' = clamp(u, -limit, limit) when
         limit is given; fp32 maths; out in the input dtype, or FP8 e4m3 saturate(out * fp32(1 / scale)) with
         a scale (which differs from out / scale in ~1e-7 of FP8 results, by one step at a rounding tie).
-        The output is contiguous.
     quantize_fp8(x, scale) -> Tensor
         static per-tensor quantization: saturate(x / scale) in FP8 e4m3.
     dequantize_fp8(weight, scale, dtype) -> Tensor
@@ -24,8 +23,7 @@
         contiguous. q's, k's and v's heads must be contiguous; their tokens may be strided (a fused QKV's
         slices). csrc/rms_norm.cu states the arithmetic and the fixed order of its sums.
 
-Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous (but attention_inputs' q, k, v, and
-silu_and_mul_2in's gate and up, which may be 2-D column slices of one tensor: a packed gate/up GEMM's output),
+Inputs are bf16, fp16 or fp32 (dequantize_fp8's weight: FP8 e4m3), contiguous (but attention_inputs' q, k, v),
 of any rank (attention_inputs': 3); a norm's weight and tables have its input's dtype; ``scale`` is an
 fp32 tensor with one element on the input's device (read by the kernel, never on the host, so CUDA graphs see
 in-place updates).
@@ -139,12 +137,8 @@ def _check_swiglu_args(gate: torch.Tensor, up: torch.Tensor, scale: torch.Tensor
     if gate.device != up.device:
         raise ValueError(f"{op}: gate and up must be on the same device, got {gate.device} and {up.device}")
     _check_input_dtype(op, "gate", gate)
-    if not (gate.is_contiguous() and up.is_contiguous()):  # else column slices of one tensor (a packed gate/up)
-        rows_ok = gate.dim() == 2 and gate.stride(1) == 1 and gate.stride(0) >= gate.shape[1]
-        if not (rows_ok and gate.stride() == up.stride()):
-            raise ValueError(f"{op}: gate and up must be contiguous, or 2-D with equal strides and contiguous rows "
-                             f"(column slices of one tensor), got strides {list(gate.stride())} and "
-                             f"{list(up.stride())} for shape {list(gate.shape)}; call .contiguous() first")
+    _check_contiguous(op, "gate", gate)
+    _check_contiguous(op, "up", up)
     if scale is not None:
         _check_scale(op, scale, gate)
     if limit is not None and not limit > 0:

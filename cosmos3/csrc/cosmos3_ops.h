@@ -35,14 +35,12 @@ SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit);
 
 // out = g' * sigmoid(alpha * g') * (u' + beta), with g' = min(g, limit), u' = clamp(u, -limit, limit) when
 // has_limit. With scale != nullptr the result is multiplied by fp32(1 / *scale) and stored as saturated FP8
-// e4m3; otherwise out_dtype must equal in_dtype. gate and up are [rows, cols] with rows in_row_stride elements
-// apart (cols when contiguous; a packed gate/up GEMM's output [rows, 2 * cols] gives column slices 2 * cols apart).
-cudaError_t silu_and_mul_2in(const void* gate,        // [rows, cols] in_dtype, row stride in_row_stride
-                             const void* up,          // [rows, cols] in_dtype, row stride in_row_stride
-                             int64_t in_row_stride,   // elements
-                             void* out,               // [rows, cols] out_dtype, contiguous
-                             const float* scale,      // [1] or nullptr
-                             int64_t rows, int64_t cols, Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars,
+// e4m3; otherwise out_dtype must equal in_dtype.
+cudaError_t silu_and_mul_2in(const void* gate,     // [n] in_dtype
+                             const void* up,       // [n] in_dtype
+                             void* out,            // [n] out_dtype
+                             const float* scale,   // [1] or nullptr
+                             int64_t n, Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars,
                              LaunchConfig config, cudaStream_t stream);
 
 // out = saturate_fp8(x / *scale), rounded to nearest even.

@@ -99,13 +99,11 @@ struct SwigluOp {
 };
 
 template <typename In, typename Out, bool kScaled>
-cudaError_t launch_for_limit(const In* gate, const In* up, int64_t in_row_stride, Out* out, const float* scale,
-                             int64_t rows, int64_t cols, SwigluScalars s, LaunchConfig config, cudaStream_t stream) {
+cudaError_t launch_for_limit(const In* gate, const In* up, Out* out, const float* scale, int64_t n,
+                             SwigluScalars s, LaunchConfig config, cudaStream_t stream) {
   const Inputs<In, 2> in{{gate, up}};
-  if (s.has_limit) {
-    return launch_row_map(in, in_row_stride, out, scale, rows, cols, SwigluOp<true, kScaled>{s}, config, stream);
-  }
-  return launch_row_map(in, in_row_stride, out, scale, rows, cols, SwigluOp<false, kScaled>{s}, config, stream);
+  if (s.has_limit) return launch_map(in, out, scale, n, SwigluOp<true, kScaled>{s}, config, stream);
+  return launch_map(in, out, scale, n, SwigluOp<false, kScaled>{s}, config, stream);
 }
 
 }  // namespace
@@ -120,20 +118,19 @@ SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit) {
                        limit != nullptr ? static_cast<float>(*limit) : 0.f, limit != nullptr};
 }
 
-cudaError_t silu_and_mul_2in(const void* gate, const void* up, int64_t in_row_stride, void* out, const float* scale,
-                             int64_t rows, int64_t cols, Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars,
-                             LaunchConfig config, cudaStream_t stream) {
+cudaError_t silu_and_mul_2in(const void* gate, const void* up, void* out, const float* scale, int64_t n,
+                             Dtype in_dtype, Dtype out_dtype, SwigluScalars scalars, LaunchConfig config,
+                             cudaStream_t stream) {
   return dispatch_input_dtype(in_dtype, [&](auto in_type) -> cudaError_t {
     using In = decltype(in_type);
     const In* g = static_cast<const In*>(gate);
     const In* u = static_cast<const In*>(up);
     if (out_dtype == Dtype::kFloat8E4M3 && scale != nullptr) {
-      return launch_for_limit<In, __nv_fp8_e4m3, true>(g, u, in_row_stride, static_cast<__nv_fp8_e4m3*>(out), scale,
-                                                       rows, cols, scalars, config, stream);
+      return launch_for_limit<In, __nv_fp8_e4m3, true>(g, u, static_cast<__nv_fp8_e4m3*>(out), scale, n, scalars,
+                                                       config, stream);
     }
     if (out_dtype == in_dtype && scale == nullptr) {
-      return launch_for_limit<In, In, false>(g, u, in_row_stride, static_cast<In*>(out), nullptr, rows, cols, scalars,
-                                             config, stream);
+      return launch_for_limit<In, In, false>(g, u, static_cast<In*>(out), nullptr, n, scalars, config, stream);
     }
     return cudaErrorInvalidValue;
   });

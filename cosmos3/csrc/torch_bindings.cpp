@@ -92,9 +92,7 @@ void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
-// gate, up: [...] equal shapes, contiguous, or [rows, cols] column slices of one wider tensor (a packed gate/up
-// GEMM's output) with equal strides; scale: [1] or [] fp32 -> [...] contiguous in gate's dtype, or FP8 e4m3 with
-// a scale.
+// gate, up: [...] equal shapes; scale: [1] or [] fp32 -> [...] in gate's dtype, or FP8 e4m3 with a scale.
 at::Tensor silu_and_mul_2in_cuda(const at::Tensor& gate, const at::Tensor& up, const std::optional<at::Tensor>& scale,
                             std::optional<double> limit, double alpha, double beta) {
   constexpr const char* kOp = "silu_and_mul_2in";
@@ -105,25 +103,16 @@ at::Tensor silu_and_mul_2in_cuda(const at::Tensor& gate, const at::Tensor& up, c
   TORCH_CHECK_VALUE(gate.device() == up.device(), kOp, ": gate and up must be on the same device, got ",
                     gate.device().str(), " and ", up.device().str());
   const Dtype in_dtype = input_dtype(kOp, "gate", gate);
-  const int64_t cols = gate.dim() == 0 ? 1 : gate.size(-1);
-  const int64_t rows = cols == 0 ? 0 : gate.numel() / cols;
-  int64_t row_stride = cols;
-  if (!(gate.is_contiguous() && up.is_contiguous())) {
-    TORCH_CHECK_VALUE(gate.dim() == 2 && gate.stride(1) == 1 && gate.strides() == up.strides() &&
-                          gate.stride(0) >= cols,
-                      kOp, ": gate and up must be contiguous, or 2-D with equal strides and contiguous rows (column ",
-                      "slices of one tensor), got strides ", list_str(gate.strides()), " and ", list_str(up.strides()),
-                      " for shape ", list_str(gate.sizes()), "; call .contiguous() first");
-    row_stride = gate.stride(0);
-  }
+  check_contiguous(kOp, "gate", gate);
+  check_contiguous(kOp, "up", up);
   if (scale) check_scale(kOp, *scale, gate);
   TORCH_CHECK_VALUE(!limit || *limit > 0, kOp, ": limit must be positive, got ", std::to_string(*limit));
 
   const c10::cuda::OptionalCUDAGuard guard(gate.device());
   at::Tensor out = at::empty(gate.sizes(), gate.options().dtype(scale ? at::kFloat8_e4m3fn : gate.scalar_type()));
   const SwigluScalars scalars = swiglu_scalars(alpha, beta, limit ? &*limit : nullptr);
-  check_launch(kOp, cosmos3::silu_and_mul_2in(gate.data_ptr(), up.data_ptr(), row_stride, out.data_ptr(),
-                                              scale ? scale->data_ptr<float>() : nullptr, rows, cols, in_dtype,
+  check_launch(kOp, cosmos3::silu_and_mul_2in(gate.data_ptr(), up.data_ptr(), out.data_ptr(),
+                                              scale ? scale->data_ptr<float>() : nullptr, gate.numel(), in_dtype,
                                               scale ? Dtype::kFloat8E4M3 : in_dtype, scalars,
                                               launch_config(kSiluAndMul2in), at::cuda::getCurrentCUDAStream()));
   return out;

@@ -111,14 +111,18 @@ struct Inputs {
   const In* ptr[kInputs];
 };
 
-// out[i] = op(inputs[...][i] as fp32, s) for i < n, the share of block blockIdx.x of a grid along x.
+// out[i] = op(inputs[...][i] as fp32, divisor of *scale) for i < n, with a divisor of 1 for a null scale. The
+// scale is read on the device (CUDA-graph replays see in-place updates) once per thread.
 // Thread t of block b owns the vectors b * blockDim * kVecsPerThread + t + k * blockDim (k < kVecsPerThread),
 // so each warp touches contiguous 512-byte runs; all of a thread's loads are issued before its first use to
 // keep them in flight together. The n % kVec elements past the last whole vector go to the first threads of
 // block 0.
 template <int kVec, int kVecsPerThread, typename In, int kInputs, typename Out, typename Op>
-__device__ __forceinline__ void map_run(const Inputs<In, kInputs>& in, Out* __restrict__ out, int64_t n, Divisor s,
-                                        const Op& op) {
+__global__ void __launch_bounds__(1024 / kVecsPerThread)
+    map_kernel(Inputs<In, kInputs> in, Out* __restrict__ out, const float* __restrict__ scale, int64_t n, Op op) {
+  // Not make_divisor(1.f) without a scale: that unconditional reciprocal took the FP8 swiglu kernel from 60
+  // to 80 registers (ptxas -v) and 97% to 90% of copy.
+  const Divisor s = scale == nullptr ? Divisor{1.f, 1.f} : make_divisor(*scale);
   const int64_t n_vec = n / kVec;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x * kVecsPerThread + threadIdx.x;
 
@@ -159,44 +163,15 @@ __device__ __forceinline__ void map_run(const Inputs<In, kInputs>& in, Out* __re
   }
 }
 
-// The divisor of *scale, made once per thread, or 1 for a null scale. The scale is read on the device (CUDA-graph
-// replays see in-place updates). Not make_divisor(1.f) without a scale: that unconditional reciprocal took the
-// FP8 swiglu kernel from 60 to 80 registers (ptxas -v) and 97% to 90% of copy.
-__device__ __forceinline__ Divisor scale_divisor(const float* scale) {
-  return scale == nullptr ? Divisor{1.f, 1.f} : make_divisor(*scale);
-}
-
-// out[i] = op(inputs[...][i] as fp32, divisor of *scale) for i < n: one flat run over the grid.
 template <int kVec, int kVecsPerThread, typename In, int kInputs, typename Out, typename Op>
-__global__ void __launch_bounds__(1024 / kVecsPerThread)
-    map_kernel(Inputs<In, kInputs> in, Out* __restrict__ out, const float* __restrict__ scale, int64_t n, Op op) {
-  map_run<kVec, kVecsPerThread>(in, out, n, scale_divisor(scale), op);
-}
-
-// The same map over [rows, cols] whose inputs' rows are in_row_stride elements apart (column slices of a wider
-// tensor) and whose output is contiguous: blocks along x share a row, grid rows along y take every gridDim.y-th.
-template <int kVec, int kVecsPerThread, typename In, int kInputs, typename Out, typename Op>
-__global__ void __launch_bounds__(1024 / kVecsPerThread)
-    row_map_kernel(Inputs<In, kInputs> in, int64_t in_row_stride, Out* __restrict__ out,
-                   const float* __restrict__ scale, int64_t rows, int64_t cols, Op op) {
-  const Divisor s = scale_divisor(scale);
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    Inputs<In, kInputs> row = in;
-#pragma unroll
-    for (int j = 0; j < kInputs; ++j) row.ptr[j] += r * in_row_stride;
-    map_run<kVec, kVecsPerThread>(row, out + r * cols, cols, s, op);
-  }
-}
-
-// Calls f(std::integral_constant<int, V>{}) for the config's vectors per thread V (1, 2 or 4).
-template <typename F>
-cudaError_t dispatch_vectors_per_thread(const LaunchConfig& config, F&& f) {
-  switch (config.vectors_per_thread) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    default: return cudaErrorInvalidValue;
-  }
+cudaError_t launch_map_kernel(Inputs<In, kInputs> in, Out* out, const float* scale, int64_t n, Op op,
+                              int threads, cudaStream_t stream) {
+  const int64_t per_block = int64_t(threads) * kVecsPerThread;
+  const int64_t blocks = (n / kVec + per_block - 1) / per_block;
+  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  // A grid of at least one block: fewer than kVec elements are all tail.
+  map_kernel<kVec, kVecsPerThread><<<blocks > 0 ? int(blocks) : 1, threads, 0, stream>>>(in, out, scale, n, op);
+  return cudaGetLastError();
 }
 
 __host__ inline bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -210,42 +185,13 @@ cudaError_t launch_map(Inputs<In, kInputs> in, Out* out, const float* scale, int
   constexpr int kVec = 16 / sizeof(In);
   bool aligned = aligned_to(out, kVec * sizeof(Out));
   for (int j = 0; j < kInputs; ++j) aligned = aligned && aligned_to(in.ptr[j], 16);
-  auto launch = [&](auto vec, auto vecs_per_thread) -> cudaError_t {
-    constexpr int kV = decltype(vec)::value, kPer = decltype(vecs_per_thread)::value;
-    const int64_t per_block = int64_t(config.threads) * kPer;
-    const int64_t blocks = (n / kV + per_block - 1) / per_block;
-    if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-    // A grid of at least one block: fewer than kVec elements are all tail.
-    map_kernel<kV, kPer><<<blocks > 0 ? int(blocks) : 1, config.threads, 0, stream>>>(in, out, scale, n, op);
-    return cudaGetLastError();
-  };
-  if (!aligned) return launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
-  return dispatch_vectors_per_thread(config, [&](auto per) { return launch(std::integral_constant<int, kVec>{}, per); });
-}
-
-// launch_map over [rows, cols] with row-strided inputs (see row_map_kernel); contiguous inputs
-// (in_row_stride == cols) take the flat map. Vectors need whole, 16-byte aligned vectors in every row.
-template <typename In, int kInputs, typename Out, typename Op>
-cudaError_t launch_row_map(Inputs<In, kInputs> in, int64_t in_row_stride, Out* out, const float* scale, int64_t rows,
-                           int64_t cols, Op op, LaunchConfig config, cudaStream_t stream) {
-  if (in_row_stride == cols) return launch_map(in, out, scale, rows * cols, op, config, stream);
-  if (rows == 0 || cols == 0) return cudaSuccess;
-  constexpr int kVec = 16 / sizeof(In);
-  bool aligned = cols % kVec == 0 && (in_row_stride * sizeof(In)) % 16 == 0 && aligned_to(out, kVec * sizeof(Out));
-  for (int j = 0; j < kInputs; ++j) aligned = aligned && aligned_to(in.ptr[j], 16);
-  constexpr int64_t kMaxGridY = 65535;
-  const unsigned grid_y = unsigned(rows < kMaxGridY ? rows : kMaxGridY);
-  auto launch = [&](auto vec, auto vecs_per_thread) -> cudaError_t {
-    constexpr int kV = decltype(vec)::value, kPer = decltype(vecs_per_thread)::value;
-    const int64_t per_block = int64_t(config.threads) * kPer;
-    const int64_t blocks = (cols / kV + per_block - 1) / per_block;
-    if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-    const dim3 grid(blocks > 0 ? unsigned(blocks) : 1u, grid_y);
-    row_map_kernel<kV, kPer><<<grid, config.threads, 0, stream>>>(in, in_row_stride, out, scale, rows, cols, op);
-    return cudaGetLastError();
-  };
-  if (!aligned) return launch(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
-  return dispatch_vectors_per_thread(config, [&](auto per) { return launch(std::integral_constant<int, kVec>{}, per); });
+  if (!aligned) return launch_map_kernel<1, 1>(in, out, scale, n, op, config.threads, stream);
+  switch (config.vectors_per_thread) {
+    case 1: return launch_map_kernel<kVec, 1>(in, out, scale, n, op, config.threads, stream);
+    case 2: return launch_map_kernel<kVec, 2>(in, out, scale, n, op, config.threads, stream);
+    case 4: return launch_map_kernel<kVec, 4>(in, out, scale, n, op, config.threads, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // Calls f(T{}) with the CUDA type of a 16-bit float dtype.

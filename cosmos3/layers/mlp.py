@@ -1,9 +1,8 @@
 """SwiGLU MLP: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, fused or split by quantization.
 
 Split (static FP8): gate and up read one FP8 quantization of ``x`` (made by the norm before, at
-``input_scale``), and at few tokens run as one GEMM over their packed weights (cosmos3/layers/packed.py);
-silu·up is emitted in FP8 straight for ``down_proj`` (``cosmos3.ops.silu_and_mul_2in`` with
-``down_proj.input_scale``, reading the packed GEMM's two column halves in place).
+``input_scale``); silu·up is emitted in FP8 straight for ``down_proj`` (``cosmos3.ops.silu_and_mul_2in``
+with ``down_proj.input_scale``).
 On a 16-bit step every one of those sharing sites stands down.
 """
 
@@ -16,7 +15,6 @@ from torch import nn
 from cosmos3 import ops
 from cosmos3.layers.attention import LinearFactory
 from cosmos3.layers.linear import quantize_shared_input, shared_input_scale, validate_shared_input_scales
-from cosmos3.layers.packed import PackedProjections
 
 
 class GatedMLP(nn.Module):
@@ -26,7 +24,6 @@ class GatedMLP(nn.Module):
         if split_gate_up:
             self.gate_proj = make_linear("gate_proj", hidden_size, intermediate_size)
             self.up_proj = make_linear("up_proj", hidden_size, intermediate_size)
-            self.packed = PackedProjections.of([self.gate_proj, self.up_proj])  # None unless both static FP8
         else:
             self.gate_up_proj = make_linear("gate_up_proj", hidden_size, (intermediate_size, intermediate_size),
                                             shard_keys=("gate_proj", "up_proj"))
@@ -42,16 +39,11 @@ class GatedMLP(nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
         x_in = quantize_shared_input(x, [self.gate_proj, self.up_proj])
-        scale = self.down_proj.quant_method.fp8_output_scale(self.down_proj)  # None on 16-bit steps
-        if self.packed is not None and self.packed.wants(x_in):
-            gate, up = self.packed(x_in)  # [tokens, I] each: the two halves of one GEMM's [tokens, 2 * I]
-            return self.down_proj(ops.silu_and_mul_2in(gate, up, scale=scale)).reshape(*x.shape[:-1], -1)
         gate, up = self.gate_proj(x_in), self.up_proj(x_in)
+        scale = self.down_proj.quant_method.fp8_output_scale(self.down_proj)  # None on 16-bit steps
         return self.down_proj(ops.silu_and_mul_2in(gate, up, scale=scale))
 
     def finish_loading(self, where: str) -> None:
-        """Checks the loaded scales; makes the packed group's column scales from them."""
+        """Checks the loaded scales (gate/up stay two GEMMs: packed, they ran slower, see cosmos3/layers/packed.py)."""
         if self.split_gate_up:
             validate_shared_input_scales({"gate_proj": self.gate_proj, "up_proj": self.up_proj}, where)
-            if self.packed is not None:
-                self.packed.refresh()

@@ -1,11 +1,13 @@
-"""Static-FP8 projections that read one input (a tower's Q/K/V, an MLP's gate/up) run as one GEMM at few tokens.
+"""A tower's static-FP8 Q/K/V, which read one input, run as one GEMM at few tokens.
 
 Their FP8 weights live in one ``[sum(N), K]`` buffer whose row slices are the layers' own ``weight`` parameters:
 the same shapes and bytes (``state_dict`` is unchanged), nothing held twice, and the split path still runs on
-them. One wide GEMM fills the GPU better than several narrow ones when the tokens are few (a still's 1,024),
-not at a clip's 44,160, where cuBLAS's per-column-scale kernel is slower than its per-tensor one; so
-``PackedProjections.wants`` decides by the tokens, against ``PACKED_MAX_TOKENS`` for the device's SM
-(benchmarks/bench_packed_gemm.py measures a row).
+them. K and V are narrow (1,024 columns for Nano: 64 tiles for 132 SMs at a still's 1,024 tokens), so one
+6,144-column GEMM fills the GPU better than three; at a clip's 44,160 tokens cuBLAS's per-column-scale kernel
+is slower than its per-tensor one. ``PackedProjections.wants`` decides by the tokens, against
+``PACKED_MAX_TOKENS`` for the device's SM (benchmarks/bench_packed_gemm.py measures a row). An MLP's gate and up
+stay two GEMMs: packed (24,576 columns, the swiglu reading the two halves in place), they ran slower on the H200
+at every size from 1,024 tokens up (benchmarks/results/h200-2026-12-02-session15.md).
 
 Each projection keeps its own calibrated scales: the wide GEMM scales its columns by ``input_scale *
 weight_scale`` of their projection (the fp32 product the per-tensor GEMM uses) and its rows by 1, so every
@@ -22,15 +24,16 @@ from torch import nn
 from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod, scaled_mm
 
-# The most GEMM rows (tokens) a packed group runs at, by SM version (10 * major + minor); an SM without a row
+# The most GEMM rows (tokens) a packed Q/K/V runs at, by SM version (10 * major + minor); an SM without a row
 # never packs (the split path is the one every arch was verified on). sm_90: benchmarks/bench_packed_gemm.py on
-# an H200 (torch 2.11+cu130, CUDA 13.0), 2026-12-02, Nano's Q/K/V and gate/up: see
-# benchmarks/results/h200-2026-12-02-session15.md.
+# an H200 (torch 2.11+cu130, CUDA 13.0, no cuBLASLt workspace), 2026-12-02, Nano's GEN Q/K/V: 1.72x at 256
+# tokens, 1.23x at 1,024, 1.05x at 4,096, 1.00x at 8,192, 0.95x at 44,160
+# (benchmarks/results/h200-2026-12-02-session15.md).
 PACKED_MAX_TOKENS: dict[int, int] = {90: 4096}
 
 
 def max_tokens(device: torch.device) -> int:
-    """Rows up to which a packed group beats its split GEMMs on ``device`` (0: never; the CPU gains nothing)."""
+    """Rows up to which a packed Q/K/V beats its split GEMMs on ``device`` (0: never; the CPU gains nothing)."""
     if device.type != "cuda":
         return 0
     major, minor = torch.cuda.get_device_capability(device)
