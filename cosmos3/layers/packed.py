@@ -26,8 +26,8 @@ from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod, scaled_mm
 
 # The most GEMM rows (tokens) a packed Q/K/V runs at, by SM version (10 * major + minor); an SM without a row
 # never packs (the split path is the one every arch was verified on). sm_90: benchmarks/bench_packed_gemm.py on
-# an H200 (torch 2.11+cu130, CUDA 13.0, no cuBLASLt workspace), 2026-12-02, Nano's GEN Q/K/V: 1.72x at 256
-# tokens, 1.23x at 1,024, 1.05x at 4,096, 1.00x at 8,192, 0.95x at 44,160
+# two H200s (torch 2.11+cu130, CUDA 13.0, no cuBLASLt workspace), 2026-12-02, Nano's GEN Q/K/V: 1.70-1.72x at
+# 256 tokens, 1.15-1.23x at 1,024, 1.03-1.05x at 4,096, 1.00x at 8,192, 0.94-0.96x at 44,160
 # (benchmarks/results/h200-2026-12-02-session15.md).
 PACKED_MAX_TOKENS: dict[int, int] = {90: 4096}
 
