@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from cosmos3.layers.linear import Linear
+from cosmos3.layers.linear import Linear, shared_input_scale
 from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod, scaled_mm
 
 # The most GEMM rows (tokens) a packed Q/K/V runs at, by SM version (10 * major + minor); an SM without a row
@@ -86,7 +86,7 @@ class PackedProjections:
             return False
         on_buffer = all(linear.weight.data_ptr() == rows.data_ptr()
                         for linear, rows in zip(self.linears, self.weight.split(self.sizes), strict=True))
-        if not on_buffer or not all(linear.quant_method.shares_input_quant for linear in self.linears):
+        if not on_buffer or shared_input_scale(self.linears) is None:  # the sharing rule's one place
             return False
         if self._scales_of != self._scales_key():
             if torch.cuda.is_current_stream_capturing():
