@@ -135,13 +135,20 @@ __device__ __forceinline__ float inverse_rms(float sumsq, int64_t dim, float eps
   return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sumsq, float(dim)), eps)));
 }
 
+// n = (x * inv) * w rounded to T, for a chunk whose weights are loaded.
+template <typename T>
+__device__ __forceinline__ void normalize_loaded(const float (&x)[kChunk], const float (&w)[kChunk], float inv,
+                                                 float (&n)[kChunk]) {
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) n[i] = round_to<T>(__fmul_rn(__fmul_rn(x[i], inv), w[i]));
+}
+
 template <typename T, bool kVector>
 __device__ __forceinline__ void normalize_chunk(const float (&x)[kChunk], const T* weight, float inv,
                                                 float (&n)[kChunk], int count) {
   float w[kChunk];
   load_chunk<T, kVector>(weight, w, count);
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) n[i] = round_to<T>(__fmul_rn(__fmul_rn(x[i], inv), w[i]));
+  normalize_loaded<T>(x, w, inv, n);
 }
 
 // Lane `lane` of the row at thread `thread` of the rows' `block`-th block: rows are packed 32 / lanes to a warp.
@@ -154,6 +161,63 @@ __device__ __forceinline__ RowLane row_lane(int64_t block, int lanes) {
   return {thread / lanes, int(thread % lanes)};
 }
 
+// The normalized chunk as the op's output: n, or n / scale in FP8.
+template <typename Out>
+__device__ __forceinline__ void to_output(float (&n)[kChunk], Divisor s) {
+  if constexpr (std::is_same_v<Out, __nv_fp8_e4m3>) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) n[i] = divide(n[i], s);
+  }
+}
+
+// A row of at most kHeld chunks a lane (Nano's 4,096: two), 16-byte aligned: the lane's chunks of x (+ delta)
+// and of the weight are loaded once, together, and stay in registers for the normalization. One memory round
+// trip instead of rms_norm_kernel's three (inputs; inputs again and the weight), which at a still's 1,024 rows
+// (one wave of blocks) is most of the kernel's time. The same arithmetic in the same order.
+template <typename T, typename Out, bool kResidual, int kHeld>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_held_kernel(const T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
+                         T* __restrict__ sum_out, Out* __restrict__ out, const float* __restrict__ scale,
+                         int64_t rows, int64_t dim, int lanes, float eps) {
+  const auto [row, lane] = row_lane(blockIdx.x, lanes);
+  const bool valid = row < rows;
+  const int64_t chunks = dim / kChunk;
+  float v[kHeld][kChunk], w[kHeld][kChunk];
+  float acc = 0.f;
+  if (valid) {
+#pragma unroll
+    for (int h = 0; h < kHeld; ++h) {
+      const int64_t c = lane + h * lanes;
+      if (c < chunks) {
+        load_row_chunk<T, kResidual, true>(x, delta, row * dim + c * kChunk, v[h], kChunk);
+        load_chunk<T, true>(weight + c * kChunk, w[h]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kHeld; ++h) {
+      const int64_t c = lane + h * lanes;
+      if (c < chunks) {
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i) acc = __fmaf_rn(v[h][i], v[h][i], acc);
+        if constexpr (kResidual) store_chunk<T, T, true>(sum_out + row * dim + c * kChunk, v[h]);
+      }
+    }
+  }
+  const float inv = inverse_rms(row_sum(acc, lanes), dim, eps);
+  if (!valid) return;
+  const Divisor s = scale == nullptr ? Divisor{1.f, 1.f} : make_divisor(*scale);
+#pragma unroll
+  for (int h = 0; h < kHeld; ++h) {
+    const int64_t c = lane + h * lanes;
+    if (c < chunks) {
+      float n[kChunk];
+      normalize_loaded<T>(v[h], w[h], inv, n);
+      to_output<Out>(n, s);
+      store_chunk<Out, T, true>(out + row * dim + c * kChunk, n);
+    }
+  }
+}
+
 template <typename T, typename Out, bool kResidual, bool kVector>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
@@ -164,8 +228,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t chunks = chunks_of(dim);
   float acc = 0.f;
   if (valid) {
-    // Unrolled so several chunks' loads are in flight together (a Nano row is 16 chunks a lane); the fmaf
-    // chain keeps its order.
+    // Unrolled so several chunks' loads are in flight together (rows too long for rms_norm_held_kernel); the
+    // fmaf chain keeps its order.
 #pragma unroll 4
     for (int64_t c = lane; c < chunks; c += lanes) {
       const int64_t at = row * dim + c * kChunk;
@@ -189,10 +253,7 @@ __global__ void __launch_bounds__(kThreads)
     float v[kChunk], n[kChunk];
     load_row_chunk<T, kResidual, kVector>(x, delta, at, v, count);
     normalize_chunk<T, kVector>(v, weight + c * kChunk, inv, n, count);
-    if constexpr (std::is_same_v<Out, __nv_fp8_e4m3>) {
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) n[i] = divide(n[i], s);
-    }
+    to_output<Out>(n, s);
     store_chunk<Out, T, kVector>(out + at, n, count);
   }
 }
@@ -366,13 +427,14 @@ cudaError_t launch_rms_norm(const T* x, const T* delta, const T* weight, T* sum_
   // With dim % 8 == 0, 16-byte aligned bases keep every chunk aligned.
   const bool vector = dim % kChunk == 0 && aligned_to(x, 16) && (!kResidual || (aligned_to(delta, 16) && aligned_to(sum_out, 16))) &&
                       aligned_to(weight, 16) && aligned_to(out, 16);
-  if (vector) {
-    rms_norm_kernel<T, Out, kResidual, true>
-        <<<int(blocks), kThreads, 0, stream>>>(x, delta, weight, sum_out, out, scale, rows, dim, lanes, eps);
-  } else {
-    rms_norm_kernel<T, Out, kResidual, false>
-        <<<int(blocks), kThreads, 0, stream>>>(x, delta, weight, sum_out, out, scale, rows, dim, lanes, eps);
-  }
+  using Kernel = void (*)(const T*, const T*, const T*, T*, Out*, const float*, int64_t, int64_t, int, float);
+  const int64_t held = (chunks_of(dim) + lanes - 1) / lanes;  // chunks a lane
+  const Kernel kernel = !vector     ? rms_norm_kernel<T, Out, kResidual, false>
+                        : held <= 1 ? rms_norm_held_kernel<T, Out, kResidual, 1>
+                        : held == 2 ? rms_norm_held_kernel<T, Out, kResidual, 2>
+                        : held <= 4 ? rms_norm_held_kernel<T, Out, kResidual, 4>
+                                    : rms_norm_kernel<T, Out, kResidual, true>;
+  kernel<<<int(blocks), kThreads, 0, stream>>>(x, delta, weight, sum_out, out, scale, rows, dim, lanes, eps);
   return cudaGetLastError();
 }
 

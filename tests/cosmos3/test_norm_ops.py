@@ -173,8 +173,11 @@ def _both(fn, *tensors):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("rows", "dim"), [(1024, 4096), (333, 4096), (33, 5000), (65, 2500), (129, 1001), (99, 300),
-                                            (77, 100), (50, 7), (1, 1), (4000, 128)])
+                                            (77, 100), (50, 7), (1, 1), (4000, 128), (70, 264), (90, 6000),
+                                            (17, 8200)])
 def test_gpu_norms_match_cpu_bit_for_bit(rows, dim, dtype):
+    """Aligned rows of up to 4 chunks a lane run the registers-held kernel (128, 264: one; 4096: two; 6000: three of
+    four, lanes short of chunks), longer ones (8200) and unaligned ones the two-pass kernel."""
     x, d, w = _rows(rows, dim, dtype, scale=2.0), _rows(rows, dim, dtype, seed=3), _weight(dim, dtype)
     scale = torch.tensor([0.02])
     for fn in (lambda x, d, w, s: ops.rms_norm(x, w, EPS),
