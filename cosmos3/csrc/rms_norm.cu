@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t chunks = chunks_of(dim);
   float acc = 0.f;
   if (valid) {
-    // Unrolled so several chunks' loads are in flight together (rows too long for rms_norm_held_kernel); the
-    // fmaf chain keeps its order.
+    // Unrolled so several chunks' loads are in flight together (rows too long for rms_norm_held_kernel, or not
+    // 16-byte aligned); the fmaf chain keeps its order.
 #pragma unroll 4
     for (int64_t c = lane; c < chunks; c += lanes) {
       const int64_t at = row * dim + c * kChunk;
