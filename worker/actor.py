@@ -25,7 +25,7 @@ from cosmos3.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import WorkerStartError
 from farm.job import Job, ModelSpec
-from worker import bytecode, encode
+from worker import bytecode, encode, gpu_telemetry
 from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
 
 log = structlog.get_logger("farm.worker")
@@ -142,6 +142,7 @@ class _Rendered:
     sound: encode.Soundtrack | None
     started: float  # time.time()
     rendered: float
+    telemetry: dict  # the GPU's clock and power while it rendered, see gpu_telemetry.FIELDS
 
 
 class RenderWorker:
@@ -160,6 +161,8 @@ class RenderWorker:
             configure_cuda_allocator()
         self._renderer = factory(model, bool(gpus))
         self._gpu = self._renderer.device != "cpu"
+        uuid = self._renderer.facts.get("gpu_uuid")
+        self._telemetry = gpu_telemetry.open_device(uuid) if self._gpu and uuid else None
         self._ready_seconds = time.perf_counter() - started
         self._origin = origin
         self._progress = metrics.WorkerProgress(slot)
@@ -183,13 +186,14 @@ class RenderWorker:
         settle_heap()  # before the job's clock
         started = time.time()
         try:
-            output = self._renderer(job.request, StepProgress(self._progress, job.key))
+            with gpu_telemetry.Sampler(self._telemetry) as sampler:
+                output = self._renderer(job.request, StepProgress(self._progress, job.key))
         except VAELoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
-        self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time())
+        self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time(), sampler.summary())
         return {"key": job.key, "attempt": attempt}
 
     def publish(self, job: Job, attempt: int) -> dict[str, Any]:
@@ -216,6 +220,7 @@ class RenderWorker:
             "timings": timings,
             "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
             "gpu_seconds": kept.rendered - kept.started if self._gpu else None,  # the GPU is free once rendered
+            "gpu_telemetry": kept.telemetry,
             "worker_start": self._worker_start(),
         }
         record = storage.sidecar_record(

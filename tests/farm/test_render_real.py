@@ -66,7 +66,7 @@ def _mp4_shape(path: Path) -> tuple[int, int, int]:
     return sum(1 for _ in reader), height, width
 
 
-FIGURES = ("timings", "memory", "gpu_seconds", "worker_start")
+FIGURES = ("timings", "memory", "gpu_seconds", "gpu_telemetry", "worker_start")
 
 
 def checkpoint_bytes(root: Path) -> int:
@@ -95,6 +95,9 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
                                 "stage_peak_allocated_bytes": dict.fromkeys(stages),
                                 "vae_decode_tiled": False}  # host memory: always the untiled reference
     assert record["gpu_seconds"] is None  # a logical GPU without CUDA renders on the CPU
+    assert record["gpu_telemetry"] == {"samples": None, "sm_clock_mhz_median": None, "sm_clock_mhz_min": None,
+                                       "power_w_mean": None, "power_limit_w": None, "power_capped_share": None,
+                                       "thermal_share": None}  # nothing to sample
     start = record["worker_start"]
     assert start["ops"] is None and start["checkpoint_bytes"] == read_bytes
     assert start["checkpoint_read"] > 0 and start["checkpoint_gb_per_s"] > 0
