@@ -307,6 +307,20 @@ def _gib(value) -> str:
     return "null" if value is None else f"{value / GIB:.2f}"
 
 
+def _clocks(telemetry: dict | None) -> str:
+    if not telemetry or telemetry["samples"] is None:
+        return "null"
+    median, low = telemetry["sm_clock_mhz_median"], telemetry["sm_clock_mhz_min"]
+    return f"{median:.0f} / {low:.0f} ({telemetry['samples']} samples)"
+
+
+def _power(telemetry: dict | None) -> str:
+    if not telemetry or telemetry["samples"] is None:
+        return "null"
+    return (f"{telemetry['power_w_mean']:.0f} / {telemetry['power_limit_w']:.0f}; "
+            f"{100 * telemetry['power_capped_share']:.0f}% / {100 * telemetry['thermal_share']:.0f}%")
+
+
 def job_table(job: str, record: dict) -> list[str]:
     t, m, start = record["timings"], record["memory"], record["worker_start"]
     steps = t["steps"]
@@ -335,6 +349,9 @@ def job_table(job: str, record: dict) -> list[str]:
         ("publish (encode + hash + fsync + rename) s", _s(t["publish"])),
         ("pipeline total s", _s(t["total"])),
         ("GPU-seconds for the job", _s(record["gpu_seconds"])),
+        ("GPU while rendering: SM clock median / min MHz", _clocks(record.get("gpu_telemetry"))),
+        ("GPU while rendering: power mean / limit W; samples held by the power cap / by heat",
+         _power(record.get("gpu_telemetry"))),
         ("GPU memory resident at start GiB", _gib(m["resident_bytes"])),
         ("peak max_memory_allocated GiB", _gib(m["peak_allocated_bytes"])),
         ("peak max_memory_reserved GiB", _gib(m["peak_reserved_bytes"])),
