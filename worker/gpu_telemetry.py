@@ -95,9 +95,9 @@ class Sampler:
 
     def sample(self) -> None:
         """One reading of clock, power and clock-event reasons (and, the first time, the power limit)."""
-        if self._limit is None:
-            self._limit = self._device.power_limit_w()
         device = self._device
+        if self._limit is None:
+            self._limit = device.power_limit_w()
         self._samples.append((device.sm_clock_mhz(), device.power_w(), device.clock_reasons()))
 
     def _run(self) -> None:

@@ -119,7 +119,9 @@ def test_a_real_gpu_reports_its_clock_and_power_while_it_works():
     assert device is not None
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     with Sampler(device, period=0.01) as sampler:
-        while (sampler.summary()["samples"] or 0) < 5:  # work until five samples are in
+        for _ in range(1000):  # work until five samples are in; a sampler that stopped fails below, not hangs
+            if (sampler.summary()["samples"] or 0) >= 5:
+                break
             for _ in range(20):
                 a = torch.tanh(a @ a)
             torch.cuda.synchronize()
