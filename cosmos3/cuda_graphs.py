@@ -36,7 +36,7 @@ import torch
 
 from cosmos3.quant import W8A16
 from cosmos3.quant.w8a16 import DequantizedWeights
-from cosmos3.transformer import Cosmos3Transformer, GenOutput, GenPass, UndCache
+from cosmos3.transformer import Cosmos3Transformer, GenLayout, GenOutput, UndCache
 
 # Above this many GEN tokens a step is bound by its maths, not its launches: on the H200 a graphed Nano
 # step at 44,160 tokens (720p, 189 frames) is as fast as an eager one (benchmarks/results/h200-2026-11-30.md),
@@ -72,7 +72,6 @@ class Mode(NamedTuple):
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    gen_pass: GenPass  # what it reads beside its inputs (RoPE rows, attention offsets): kept alive with it
     latents: torch.Tensor  # static inputs ...
     step_t: torch.Tensor
     caches: list[UndCache]  # one per branch
@@ -161,17 +160,17 @@ class GenGraphs:
         torch._foreach_copy_(keys + values, out.keys + out.values)
         return UndCache(keys, values, length)
 
-    def run(self, gen_pass: GenPass, latents: torch.Tensor, step_t: torch.Tensor, caches: list[UndCache],
+    def run(self, layouts: list[GenLayout], latents: torch.Tensor, step_t: torch.Tensor, caches: list[UndCache],
             sound: torch.Tensor | None) -> list[GenOutput]:
-        """``Cosmos3Transformer.gen`` of this pass's branches, replayed from its graph (captured on first use)."""
-        if gen_pass.cos.shape[0] > GRAPH_MAX_TOKENS:
-            return self.model.gen(gen_pass, latents, step_t, caches, sound)
+        """``Cosmos3Transformer.gen`` of these branches, replayed from their graph (captured on first use)."""
+        if layouts[0].cos.shape[0] * len(layouts) > GRAPH_MAX_TOKENS:
+            return self.model.gen(layouts, latents, step_t, caches, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
-        key = (gen_pass.key, self._mode())
+        key = (tuple(layout.key for layout in layouts), self._mode())
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._capture(key, gen_pass, latents, step_t, caches, sound)
+            captured = self._capture(key, layouts, latents, step_t, caches, sound)
         self._graphs.move_to_end(key)
         # One foreach copy: a few multi-tensor kernels for the inputs and every layer's UND K/V, not 2 + 2 x layers
         static, live = [captured.latents, captured.step_t], [latents, step_t]
@@ -187,7 +186,7 @@ class GenGraphs:
         captured.graph.replay()
         return [GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone()) for out in captured.out]
 
-    def _capture(self, key, gen_pass, latents, step_t, caches, sound) -> _Captured:
+    def _capture(self, key, layouts, latents, step_t, caches, sound) -> _Captured:
         if len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
         static = [UndCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.length)
@@ -197,12 +196,12 @@ class GenGraphs:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.model.gen(gen_pass, *inputs)
+            self.model.gen(layouts, *inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.gen(gen_pass, *inputs)
-        captured = _Captured(graph, gen_pass, inputs[0], inputs[1], static, inputs[3], out,
+            out = self.model.gen(layouts, *inputs)
+        captured = _Captured(graph, inputs[0], inputs[1], static, inputs[3], out,
                              [weakref.ref(cache) for cache in caches])
         self._graphs[key] = captured
         return captured

@@ -9,7 +9,6 @@ References: reference/cosmos3-architecture.md §1-§3; diffusers ``transformer_c
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -58,28 +57,6 @@ class GenLayout:
     sin: torch.Tensor
 
 
-@dataclass(frozen=True)
-class GenPass:
-    """One GEN pass over B branches (CFG's cond and uncond: one latents, two prompts), their rows one after
-    another; built once per set of layouts and reused every step (a CUDA graph holds the one it read)."""
-
-    layouts: tuple[GenLayout, ...]  # one per branch, every one of the same latent shape
-    cos: torch.Tensor  # [B * N_gen, hd]: each branch's RoPE (its prompt's length offsets its positions)
-    sin: torch.Tensor
-    query_offsets: torch.Tensor  # [B + 1] int32: branch b's queries are rows query_offsets[b]:query_offsets[b + 1]
-    key_offsets: torch.Tensor  # [B + 1] int32: its keys [K_und_b ; K_gen_b], laid one branch after another
-    max_keys: int  # the longest branch's keys
-
-    @property
-    def key(self) -> tuple:
-        return tuple(layout.key for layout in self.layouts)
-
-    @property
-    def rows(self) -> int:
-        """Tokens a branch: N_gen."""
-        return self.layouts[0].cos.shape[0]
-
-
 @dataclass
 class GenOutput:
     vision: torch.Tensor  # velocity [C, T, H, W], zero at condition frames
@@ -119,11 +96,11 @@ class DecoderLayer(nn.Module):
         x, h = self.post_attention_layernorm.add(x, attn, scale=self.mlp.input_scale())
         return x, self.mlp(h), k, v
 
-    def forward_gen(self, x: torch.Tensor, delta: torch.Tensor | None, gen_pass: GenPass,
-                    k_unds: Sequence[torch.Tensor], v_unds: Sequence[torch.Tensor]):
-        """GEN streams of one branch per UND K/V, row blocks of ``x``; returns (stream, MLP output) ``[B * S, H]``."""
+    def forward_gen(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, k_unds: Sequence[torch.Tensor],
+                    v_unds: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """GEN streams of one branch per UND K/V, row blocks of ``x``; returns (stream, MLP output)."""
         x, h = residual_norm(self.input_layernorm_moe_gen, x, delta, self.self_attn.input_scale(GEN))
-        attn = self.self_attn.gen(h, gen_pass, k_unds, v_unds)
+        attn = self.self_attn.gen(h, cos, sin, k_unds, v_unds)
         x, h = self.post_attention_layernorm_moe_gen.add(x, attn, scale=self.mlp_moe_gen.input_scale())
         return x, self.mlp_moe_gen(h)
 
@@ -159,7 +136,6 @@ class Cosmos3Transformer(nn.Module):
         self.skip_unread_und_mlp = True
         self.cuda_graphs = None  # a GenGraphs once cosmos3.cuda_graphs.enable_cuda_graphs(model) is called
         self._layouts: dict[tuple, GenLayout] = {}
-        self._passes: dict[tuple, GenPass] = {}
         method = get_quant_method(precision)
         split = precision == "fp8-static"
 
@@ -279,26 +255,8 @@ class Cosmos3Transformer(nn.Module):
         for first in range(0, len(caches), together):
             group = slice(first, first + together)
             gen = self.gen if self.cuda_graphs is None else self.cuda_graphs.run
-            outputs += gen(self.gen_pass(layouts[group]), latents, step_t, caches[group], sound_latents)
+            outputs += gen(layouts[group], latents, step_t, caches[group], sound_latents)
         return outputs
-
-    def gen_pass(self, layouts: Sequence[GenLayout]) -> GenPass:
-        """The pass over these branches' layouts, built once (outside any CUDA-graph capture: it copies to the
-        device) and reused every step."""
-        key = tuple(layout.key for layout in layouts)
-        if key not in self._passes:
-            if len(self._passes) >= 16:  # as the layouts: bounded across requests
-                self._passes.pop(next(iter(self._passes)))
-            rows = layouts[0].cos.shape[0]
-            keys = [layout.key[1] + rows for layout in layouts]  # each branch's UND length + its GEN tokens
-            offsets = torch.tensor([[rows * b for b in range(len(layouts) + 1)], [0, *itertools.accumulate(keys)]],
-                                   dtype=torch.int32).to(self.device)
-            one = len(layouts) == 1
-            self._passes[key] = GenPass(
-                tuple(layouts), layouts[0].cos if one else torch.cat([layout.cos for layout in layouts]),
-                layouts[0].sin if one else torch.cat([layout.sin for layout in layouts]), offsets[0], offsets[1],
-                max(keys))
-        return self._passes[key]
 
     def gen_layout(self, latent_shape: tuple[int, int, int, int], und_len: int, fps: float | None,
                    condition_frames: tuple[int, ...], sound_frames: int | None) -> GenLayout:
@@ -338,12 +296,12 @@ class Cosmos3Transformer(nn.Module):
         noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
         return GenLayout(key, latent_shape, grid, noisy, cos, sin)
 
-    def gen(self, gen_pass: GenPass, latents: torch.Tensor, step_t: torch.Tensor, caches: Sequence[UndCache],
-            sound_latents: torch.Tensor | None = None) -> list[GenOutput]:
-        """The GEN tower for one branch per layout of ``gen_pass`` and UND cache, in one pass over all their
-        tokens, on device tensors only (no host reads: CUDA-graph capturable). The branches share the latents and
-        differ in their prompt: its K/V, and its length, which offsets their RoPE positions."""
-        layout = gen_pass.layouts[0]  # the shape facts every branch shares
+    def gen(self, layouts: Sequence[GenLayout], latents: torch.Tensor, step_t: torch.Tensor,
+            caches: Sequence[UndCache], sound_latents: torch.Tensor | None = None) -> list[GenOutput]:
+        """The GEN tower for one branch per layout and UND cache, in one pass over all their tokens, on device
+        tensors only (no host reads: CUDA-graph capturable). The branches share the latents and differ in their
+        prompt: its K/V, and its length, which offsets their RoPE positions."""
+        layout = layouts[0]  # the shape facts every branch shares
         t, hp, wp = layout.grid
         p = self.config.latent_patch_size
 
@@ -357,13 +315,14 @@ class Cosmos3Transformer(nn.Module):
             segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
 
         x, delta = torch.cat(segments), None  # [N_gen, H]: every branch's stream starts the same
-        branches = len(gen_pass.layouts)
-        if branches > 1:  # B branches' rows one after another: [B * N_gen, H]
-            x = x.repeat(branches, 1)
+        cos, sin = layout.cos, layout.sin  # [N_gen, hd]
+        if len(layouts) > 1:  # B branches' rows one after another: [B * N_gen, H] and [B * N_gen, hd]
+            x = x.repeat(len(layouts), 1)
+            cos, sin = torch.cat([b.cos for b in layouts]), torch.cat([b.sin for b in layouts])
         for i, layer in enumerate(self.layers):
-            x, delta = layer.forward_gen(x, delta, gen_pass, [c.keys[i] for c in caches], [c.values[i] for c in caches])
+            x, delta = layer.forward_gen(x, delta, cos, sin, [c.keys[i] for c in caches], [c.values[i] for c in caches])
         _, x = residual_norm(self.norm_moe_gen, x, delta, None)
-        return [self._readout(layout, branch, sound_latents is not None) for branch in x.chunk(branches)]
+        return [self._readout(layout, branch, sound_latents is not None) for branch in x.chunk(len(layouts))]
 
     def _readout(self, layout: GenLayout, x: torch.Tensor, sound: bool) -> GenOutput:
         """A branch's velocities from its final normed stream ``[N_gen, H]``: read at noisy vision tokens only

@@ -103,33 +103,22 @@ class MoTAttention(nn.Module):
         out = self.kernels.und(q, k, v)
         return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
 
-    def gen(self, x: torch.Tensor, gen_pass, k_unds: Sequence[torch.Tensor], v_unds: Sequence[torch.Tensor]):
+    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_unds: Sequence[torch.Tensor],
+            v_unds: Sequence[torch.Tensor]) -> torch.Tensor:
         """GEN queries attend, unmasked, to their branch's UND keys first and then its GEN keys.
 
-        ``x`` ``[B * S, H]`` holds B branches' streams (CFG's cond and uncond) one after another (rows and RoPE as
-        ``gen_pass``, a ``transformer.GenPass``), ``k_unds``/``v_unds`` each branch's UND K/V ``[P_b, nkv, hd]``.
-        The projections run over every row at once (one GEMM reads each weight once for all branches); attention
-        runs per branch, in one ragged kernel call where the kernel has one (no copies of Q or O).
+        ``x`` ``[B * S, H]`` holds B branches' streams (CFG's cond and uncond) one after another, ``cos``/``sin``
+        ``[B * S, hd]`` their RoPE, ``k_unds``/``v_unds`` each branch's UND K/V ``[P_b, nkv, hd]``: the projections
+        run over every row at once (one GEMM reads each weight once for all branches), attention per branch.
         """
         q, k, v = self._project(GEN, x)
-        if len(k_unds) == 1:
-            q, k, v = self._inputs(GEN, q, k, v, gen_pass.cos, gen_pass.sin, k_unds[0], v_unds[0])
-            return self.to_add_out(self.kernels.gen(q, k, v))  # k, v: [P + S, nkv, hd]
-        rows = gen_pass.rows
-        if self.kernels.gen_ragged_here(q.device, rows):
-            nothing = k_unds[0].new_empty((0, *k_unds[0].shape[1:]))
-            q, k, v = self._inputs(GEN, q, k, v, gen_pass.cos, gen_pass.sin, nothing, nothing)  # [B * S, *, hd]
-            parts = [slice(b * rows, (b + 1) * rows) for b in range(len(k_unds))]
-            keys = torch.cat([t for k_und, part in zip(k_unds, parts, strict=True) for t in (k_und, k[part])])
-            values = torch.cat([t for v_und, part in zip(v_unds, parts, strict=True) for t in (v_und, v[part])])
-            return self.to_add_out(self.kernels.gen_ragged(q, keys, values, gen_pass))  # keys: [sum(P_b + S), ...]
+        rows = x.shape[0] // len(k_unds)
         outs = []
         for b, (k_und, v_und) in enumerate(zip(k_unds, v_unds, strict=True)):
             part = slice(b * rows, (b + 1) * rows)
-            qb, kb, vb = self._inputs(GEN, q[part], k[part], v[part], gen_pass.cos[part], gen_pass.sin[part],
-                                      k_und, v_und)
-            outs.append(self.kernels.gen(qb, kb, vb))  # [S, nh * hd]
-        return self.to_add_out(torch.cat(outs))
+            qb, kb, vb = self._inputs(GEN, q[part], k[part], v[part], cos[part], sin[part], k_und, v_und)
+            outs.append(self.kernels.gen(qb, kb, vb))  # [S, nh * hd]; kb, vb: [P_b + S, nkv, hd]
+        return self.to_add_out(outs[0] if len(outs) == 1 else torch.cat(outs))
 
     def finish_loading(self, where: str) -> None:
         """Checks the loaded scales; makes the packed groups' column scales from them."""

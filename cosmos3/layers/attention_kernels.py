@@ -297,22 +297,14 @@ class Fa3Kernel(_Fa3Family):
     head_dims = (64, 96, 128, 192, 256)
 
     def __init__(self, *, fp8: bool):
-        # loads the kernels; fails here if they cannot run
-        from fa3_fwd_interface import flash_attn_func, flash_attn_varlen_func
+        from fa3_fwd_interface import flash_attn_func  # loads the kernels; fails here if they cannot run
 
-        self._attention, self._varlen = flash_attn_func, flash_attn_varlen_func
+        self._attention = flash_attn_func
         self.fp8 = fp8
         self.name = "fa3-fp8" if fp8 else "fa3"
-        self.ragged_calls = not fp8  # ``ragged`` runs BF16 (branches in one pass are short: BF16 there)
 
     def _bf16(self, q, k, v, causal):
         return self._attention(q[None], k[None], v[None], causal=causal)[0]  # [1, S, heads, hd] views
-
-    def ragged(self, q, k, v, query_offsets, key_offsets, max_queries: int, max_keys: int) -> torch.Tensor:
-        """Sequences laid one after another, unmasked, BF16, one call: ``q [total_q, nh, hd]``, ``k/v [total_k, nkv,
-        hd]``, sequence i at rows ``offsets[i]:offsets[i + 1]`` (int32 ``[n + 1]``) -> ``[total_q, nh*hd]``."""
-        out = self._varlen(q, k, v, query_offsets, key_offsets, max_queries, max_keys, causal=False)
-        return out.reshape(q.shape[0], -1)
 
     def _fp8(self, q8, k8, v8, scales, causal, out_dtype):
         descales = {f"{name}_descale": s.reshape(1, 1).expand(1, k8.shape[1]).contiguous()  # [1, nkv] fp32
@@ -446,17 +438,6 @@ class AttentionKernels:
     def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """GEN queries over ``[K_und ; K_gen]``, unmasked."""
         return self._gen_kernel(q.device, q.shape[0])(q, k, v, causal=False)
-
-    def gen_ragged_here(self, device: torch.device | str, queries: int) -> bool:
-        """Whether the GEN kernel for ``queries`` queries a branch runs several branches in one call here."""
-        return getattr(self._gen_kernel(torch.device(device), queries), "ragged_calls", False)
-
-    def gen_ragged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gen_pass) -> torch.Tensor:
-        """A ``transformer.GenPass``'s branches in one call (where ``gen_ragged_here``): their queries ``q [B * S,
-        nh, hd]`` each over its own ``[K_und_b ; K_gen_b]``, laid one branch after another in ``k/v [sum_b (P_b +
-        S), nkv, hd]``, unmasked -> ``[B * S, nh*hd]``."""
-        kernel = self._gen_kernel(q.device, gen_pass.rows)
-        return kernel.ragged(q, k, v, gen_pass.query_offsets, gen_pass.key_offsets, gen_pass.rows, gen_pass.max_keys)
 
     def und(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._kernel(q.device, fp8=False)(q, k, v, causal=True)

@@ -394,29 +394,3 @@ def test_graphed_steps_equal_eager_steps_with_each_attention_kernel():
         model.attention.precise = precise
         assert torch.equal(model.velocity(ids, latents, 500.0, und_cache=cache), eager[precise])
     assert len(model.cuda_graphs._graphs) == 2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graphed"])
-def test_cfg_branches_in_one_pass_equal_a_pass_each_with_the_kernel_here(graphed):
-    """Both CFG branches in one pass (prompts of two lengths), with this GPU's GEN kernel: in one ragged call
-    where it takes several sequences (FA3), else branch by branch. Each branch's velocity is its own pass's, to
-    the rounding of GEMMs at twice the rows."""
-    from cosmos3.cuda_graphs import enable_cuda_graphs
-
-    torch.manual_seed(0)
-    model = _small_model()
-    prompts = (torch.arange(64, device="cuda"), torch.arange(5, 28, device="cuda"))
-    latents = torch.randn(16, 1, 32, 32, device="cuda").bfloat16()  # 256 GEN tokens a branch
-    caches = [model.encode_text(ids) for ids in prompts]
-    alone = [model.velocity(None, latents, 500.0, und_cache=cache) for cache in caches]
-    if graphed:
-        enable_cuda_graphs(model)
-    for _ in range(2 if graphed else 1):  # a graph's capture, then its replay
-        together = model.forward_branches(latents, 500.0, caches)
-        for out, want in zip(together, alone, strict=True):
-            scale = want.float().abs().max().item()
-            assert scale > 0 and (out.vision.float() - want.float()).abs().max().item() <= 1e-2 * scale
-    assert not torch.allclose(alone[0], alone[1])
-    # FA3's kernels take the branches in one call: on Hopper with fa3-fwd installed, that path ran.
-    assert model.attention.gen_ragged_here("cuda", 256) is (model.attention.gen_kernel("cuda", 256) == "fa3")

@@ -121,9 +121,9 @@ class ModelSpy:
                 )
             return forward_branches(latents, timestep, caches, **kwargs)
 
-        def spy_gen(gen_pass, *args):
-            self.passes.append(len(gen_pass.layouts))
-            return gen(gen_pass, *args)
+        def spy_gen(layouts, *args):
+            self.passes.append(len(layouts))
+            return gen(layouts, *args)
 
         def spy_set_step(step, num_steps):
             self.events.append({"call": "step", "step": step, "num_steps": num_steps})
