@@ -1,13 +1,12 @@
 """CUDA graphs of the GEN tower: capture a step once, replay it every step.
 
 A Nano GEN step at 1,024 tokens is a few thousand small kernels; launching them from Python costs
-more than the maths. A graph is captured per (branches' layouts, step-precision mode): a CFG step's cond and
-uncond branches run as one pass (``transformer.BATCH_MAX_TOKENS``), a step outside the guidance interval its cond
-branch alone. The inputs that change between calls — latents, timestep, each branch's UND K/V — are copied into
-the graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so later renders
-of the same shape and prompt lengths reuse the graphs. A branch's K/V copy is skipped while the graph's buffers
-already hold the cache passed in (every step of a render after its first): 72 copies a branch and forward at a
-still's 1,024 tokens, and a GPU-idle gap.
+more than the maths. A graph is captured per (layout, UND length, step-precision mode): the inputs
+that change between calls — latents, timestep, the UND K/V of the branch — are copied into the
+graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so the
+cond and uncond branches of a render, and later renders of the same shape, reuse the graphs. The K/V
+copy is skipped while the graph's buffers already hold the cache passed in (a branch whose prompt
+length no other branch shares): 72 copies a forward at a still's 1,024 tokens, and a GPU-idle gap.
 All GEN graphs share one memory pool; they never run concurrently and outputs are cloned out.
 
 The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
@@ -74,10 +73,10 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     latents: torch.Tensor  # static inputs ...
     step_t: torch.Tensor
-    caches: list[UndCache]  # one per branch
+    cache: UndCache
     sound: torch.Tensor | None
-    out: list[GenOutput]  # ... and outputs (one per branch), owned by the graph's pool
-    holds: list[weakref.ref]  # the UndCache whose K/V each of ``caches`` holds now (weak: never kept alive)
+    out: GenOutput  # ... and outputs, owned by the graph's pool
+    holds: weakref.ref  # the UndCache whose K/V ``cache`` holds now (a weak reference: never kept alive)
 
 
 @dataclass
@@ -160,49 +159,46 @@ class GenGraphs:
         torch._foreach_copy_(keys + values, out.keys + out.values)
         return UndCache(keys, values, length)
 
-    def run(self, layouts: list[GenLayout], latents: torch.Tensor, step_t: torch.Tensor, caches: list[UndCache],
-            sound: torch.Tensor | None) -> list[GenOutput]:
-        """``Cosmos3Transformer.gen`` of these branches, replayed from their graph (captured on first use)."""
-        if layouts[0].cos.shape[0] * len(layouts) > GRAPH_MAX_TOKENS:
-            return self.model.gen(layouts, latents, step_t, caches, sound)
+    def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
+            sound: torch.Tensor | None) -> GenOutput:
+        if layout.cos.shape[0] > GRAPH_MAX_TOKENS:
+            return self.model.gen(layout, latents, step_t, cache, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
-        key = (tuple(layout.key for layout in layouts), self._mode())
+        key = (layout.key, self._mode())
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._capture(key, layouts, latents, step_t, caches, sound)
+            captured = self._capture(key, layout, latents, step_t, cache, sound)
         self._graphs.move_to_end(key)
         # One foreach copy: a few multi-tensor kernels for the inputs and every layer's UND K/V, not 2 + 2 x layers
         static, live = [captured.latents, captured.step_t], [latents, step_t]
-        for b, cache in enumerate(caches):
-            if captured.holds[b]() is not cache:  # caches are never written after encode_text
-                static += [*captured.caches[b].keys, *captured.caches[b].values]
-                live += [*cache.keys, *cache.values]
-                captured.holds[b] = weakref.ref(cache)
+        if captured.holds() is not cache:  # caches are never written after encode_text
+            static += [*captured.cache.keys, *captured.cache.values]
+            live += [*cache.keys, *cache.values]
+            captured.holds = weakref.ref(cache)
         if sound is not None:
             static.append(captured.sound)
             live.append(sound)
         torch._foreach_copy_(static, live)
         captured.graph.replay()
-        return [GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone()) for out in captured.out]
+        out = captured.out
+        return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
 
-    def _capture(self, key, layouts, latents, step_t, caches, sound) -> _Captured:
+    def _capture(self, key, layout, latents, step_t, cache, sound) -> _Captured:
         if len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
-        static = [UndCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.length)
-                  for cache in caches]
+        static = UndCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.length)
         inputs = (latents.clone(), step_t.clone(), static, None if sound is None else sound.clone())
         # Warm up on a side stream (lazy cuBLAS/extension init must not happen during capture).
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.model.gen(layouts, *inputs)
+            self.model.gen(layout, *inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.gen(layouts, *inputs)
-        captured = _Captured(graph, inputs[0], inputs[1], static, inputs[3], out,
-                             [weakref.ref(cache) for cache in caches])
+            out = self.model.gen(layout, *inputs)
+        captured = _Captured(graph, inputs[0], inputs[1], static, inputs[3], out, weakref.ref(cache))
         self._graphs[key] = captured
         return captured
 

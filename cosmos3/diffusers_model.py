@@ -88,11 +88,10 @@ class _DiffusersAttention:
 
 
 class DiffusersVelocity:
-    """diffusers' model behind the interface ``Cosmos3Pipeline`` drives (``encode_text``, ``forward_branches``, ...).
+    """diffusers' model behind the interface ``Cosmos3Pipeline`` drives (``encode_text``, ``__call__``, ...).
 
-    diffusers recomputes the UND tower on every call (no cache; the result is the same), so a prompt's "cache" is
-    its token ids, and each branch runs a pass of its own. Inputs arrive in the pipeline's dtype and run in the
-    model's.
+    diffusers recomputes the UND tower on every call (no cache; the result is the same), so
+    ``encode_text`` keeps nothing. Inputs arrive in the pipeline's dtype and run in the model's.
     """
 
     precision = "diffusers"
@@ -103,8 +102,8 @@ class DiffusersVelocity:
         self.config = config
         self.dtype = next(model.parameters()).dtype
 
-    def encode_text(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return input_ids
+    def encode_text(self, input_ids: torch.Tensor) -> None:
+        return None
 
     def set_denoising_step(self, step: int, num_steps: int) -> None:
         pass
@@ -115,8 +114,9 @@ class DiffusersVelocity:
     def step_policy_info(self) -> None:
         return None
 
-    def forward_branches(self, latents, timestep, caches, *, fps=None, condition_frames=(),
-                         sound_latents=None) -> list[GenOutput]:
+    def __call__(self, input_ids, latents, timestep, *, und_cache=None, fps=None, condition_frames=(),
+                 sound_latents=None) -> GenOutput:
         sound = None if sound_latents is None else sound_latents.to(self.dtype)
-        return [GenOutput(*reference_forward(self.model, ids, latents.to(self.dtype), float(timestep), fps=fps,
-                                             condition_frames=condition_frames, sound=sound)) for ids in caches]
+        vision, sound = reference_forward(self.model, input_ids, latents.to(self.dtype), float(timestep), fps=fps,
+                                          condition_frames=condition_frames, sound=sound)
+        return GenOutput(vision, sound)

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 import torch
@@ -66,6 +66,13 @@ class RenderOutput:
     memory: dict  # MemoryProbe.report(): peak GPU bytes per stage and for the job (None on CPU)
     sound: np.ndarray | None = None  # float32 waveform [channels, N], N = frames / fps * sampling_rate
     sampling_rate: int | None = None  # Hz, as the sound tokenizer decodes
+
+
+class Branch(NamedTuple):
+    """One side of classifier-free guidance: its token ids ``[S]`` and their UND K/V cache."""
+
+    ids: torch.Tensor
+    cache: object  # the model's UND cache; None for an uncond branch no step uses
 
 
 @dataclass(frozen=True)
@@ -265,22 +272,21 @@ class Cosmos3Pipeline:
         shape = (self.sound.config.sound_dim, plan.sound_frames)
         return vision, torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
 
-    def _velocity(self, latents, sound, t: float, guidance: float, caches, plan: RenderPlan, cond: Conditioning):
+    def _velocity(self, latents, sound, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning):
         """CFG velocities in fp32, vision ``[C, T', H', W']`` and sound ``[sound_dim, T_s]`` (or None).
 
-        The cond branch, and the uncond one if ``guidance != 1`` (in one GEN pass while they are short); both
-        streams mix with the same guidance.
+        The cond pass, then the uncond pass if ``guidance != 1``; both streams mix with the same guidance.
         """
         kwargs = {"fps": plan.fps if plan.is_video else None, "condition_frames": cond.frames,
                   "sound_latents": None if sound is None else sound.to(self.dtype)}
-        outs = self.model.forward_branches(latents.to(self.dtype), t, caches if guidance != 1.0 else caches[:1],
-                                           **kwargs)
-        v, v_sound = outs[0].vision.float(), None if outs[0].sound is None else outs[0].sound.float()
+        x = latents.to(self.dtype)
+        out = self.model(branches[0].ids, x, t, und_cache=branches[0].cache, **kwargs)
+        v, v_sound = out.vision.float(), None if out.sound is None else out.sound.float()
         if guidance != 1.0:
-            uncond = outs[1]
-            v = uncond.vision.float() + guidance * (v - uncond.vision.float())
+            out = self.model(branches[1].ids, x, t, und_cache=branches[1].cache, **kwargs)
+            v = out.vision.float() + guidance * (v - out.vision.float())
             if v_sound is not None:
-                v_sound = uncond.sound.float() + guidance * (v_sound - uncond.sound.float())
+                v_sound = out.sound.float() + guidance * (v_sound - out.sound.float())
         v[:, : len(cond.frames)] = 0.0  # conditioned frames do not move, whatever the guidance mix
         return v, v_sound
 
@@ -314,8 +320,10 @@ class Cosmos3Pipeline:
         guidances = [guidance_at(t, plan.guidance, plan.guidance_interval) for t in times]
         # Two UND caches, as cond and uncond texts differ; the uncond one only if some step runs CFG.
         und_start = clock()
-        caches = (self.model.encode_text(ids[0]),
-                  self.model.encode_text(ids[1]) if any(g != 1.0 for g in guidances) else None)
+        branches = (
+            Branch(ids[0], self.model.encode_text(ids[0])),
+            Branch(ids[1], self.model.encode_text(ids[1]) if any(g != 1.0 for g in guidances) else None),
+        )
         und_done = clock()
         memory.mark("und")
 
@@ -335,7 +343,7 @@ class Cosmos3Pipeline:
         step_times.mark()
         for i, t in enumerate(timesteps):
             self.model.set_denoising_step(i, n)  # once, before both CFG passes
-            v, v_sound = self._velocity(latents, sound, times[i], guidances[i], caches, plan, cond)
+            v, v_sound = self._velocity(latents, sound, times[i], guidances[i], branches, plan, cond)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
             if sound is not None:
                 sound = scheduler_step(sound_scheduler, v_sound, t, sound, generator)
@@ -345,7 +353,7 @@ class Cosmos3Pipeline:
         done(n - 1)
         memory.mark("steps")
 
-        del caches, v  # the UND caches and the last velocity are not needed to decode
+        del branches, v  # the UND caches and the last velocity are not needed to decode
         if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
             torch.cuda.empty_cache()
         vae_wait = encode_wait + self._vae.wait()

@@ -10,7 +10,7 @@ References: reference/cosmos3-architecture.md §1-§3; diffusers ``transformer_c
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,13 +27,6 @@ from cosmos3.layers.rope import MRoPE, grid_positions, text_positions
 from cosmos3.quant import UNQUANTIZED, get_quant_method
 
 VAE_TEMPORAL_COMPRESSION = 4  # Wan 2.2 VAE: 4 pixel frames per latent frame (fps modulation uses it)
-# CFG's two branches (one latents, two prompts) run as one GEN pass over both branches' tokens while it holds at
-# most this many: each projection then reads its weight once for both and runs one GEMM of twice the rows, and a
-# step launches half the kernels. At a still's 1,024 tokens a branch is bound by its launches, its weight reads and
-# the GPU's power cap, not its maths (benchmarks/results/h200-2026-12-03-session20.md: the FP8 GEMMs of one
-# 2,048-row pass took 1.5% less time than two 1,024-row ones at the cap). Longer passes run one branch at a time:
-# their GEMMs gain nothing and their activations would double a clip's peak memory.
-BATCH_MAX_TOKENS = 8192
 
 
 @dataclass
@@ -96,11 +89,11 @@ class DecoderLayer(nn.Module):
         x, h = self.post_attention_layernorm.add(x, attn, scale=self.mlp.input_scale())
         return x, self.mlp(h), k, v
 
-    def forward_gen(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, k_unds: Sequence[torch.Tensor],
-                    v_unds: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """GEN streams of one branch per UND K/V, row blocks of ``x``; returns (stream, MLP output)."""
+    def forward_gen(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, k_und: torch.Tensor,
+                    v_und: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GEN stream; returns (stream, MLP output)."""
         x, h = residual_norm(self.input_layernorm_moe_gen, x, delta, self.self_attn.input_scale(GEN))
-        attn = self.self_attn.gen(h, cos, sin, k_unds, v_unds)
+        attn = self.self_attn.gen(h, cos, sin, k_und, v_und)
         x, h = self.post_attention_layernorm_moe_gen.add(x, attn, scale=self.mlp_moe_gen.input_scale())
         return x, self.mlp_moe_gen(h)
 
@@ -226,37 +219,17 @@ class Cosmos3Transformer(nn.Module):
         """
         if und_cache is None:
             und_cache = self.encode_text(input_ids)
-        return self.forward_branches(latents, timestep, (und_cache,), fps=fps, condition_frames=condition_frames,
-                                     sound_latents=sound_latents)[0]
-
-    @torch.no_grad()
-    def forward_branches(
-        self,
-        latents: torch.Tensor,
-        timestep: float | torch.Tensor,
-        caches: Sequence[UndCache],
-        *,
-        fps: float | None = None,
-        condition_frames: Iterable[int] = (),
-        sound_latents: torch.Tensor | None = None,
-    ) -> list[GenOutput]:
-        """One denoising evaluation of the same latents per prompt's UND cache (CFG's cond and uncond), in order:
-        one GEN pass over all of them while it holds at most ``BATCH_MAX_TOKENS`` tokens, else one pass each."""
         t = latents.shape[1]
         cond = tuple(sorted({int(i) for i in condition_frames if 0 <= int(i) < t}))
         sound_frames = None if sound_latents is None else sound_latents.shape[1]
-        layouts = [self.gen_layout(tuple(latents.shape), cache.length, fps, cond, sound_frames) for cache in caches]
+        layout = self.gen_layout(tuple(latents.shape), und_cache.length, fps, cond, sound_frames)
         latents = latents.to(self.device, self.dtype)
         if sound_latents is not None:
             sound_latents = sound_latents.to(self.device, self.dtype)
         step_t = self._timestep_tensor(timestep)
-        together = len(caches) if layouts[0].cos.shape[0] * len(caches) <= BATCH_MAX_TOKENS else 1
-        outputs = []
-        for first in range(0, len(caches), together):
-            group = slice(first, first + together)
-            gen = self.gen if self.cuda_graphs is None else self.cuda_graphs.run
-            outputs += gen(layouts[group], latents, step_t, caches[group], sound_latents)
-        return outputs
+        if self.cuda_graphs is not None:
+            return self.cuda_graphs.run(layout, latents, step_t, und_cache, sound_latents)
+        return self.gen(layout, latents, step_t, und_cache, sound_latents)
 
     def gen_layout(self, latent_shape: tuple[int, int, int, int], und_len: int, fps: float | None,
                    condition_frames: tuple[int, ...], sound_frames: int | None) -> GenLayout:
@@ -296,14 +269,12 @@ class Cosmos3Transformer(nn.Module):
         noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
         return GenLayout(key, latent_shape, grid, noisy, cos, sin)
 
-    def gen(self, layouts: Sequence[GenLayout], latents: torch.Tensor, step_t: torch.Tensor,
-            caches: Sequence[UndCache], sound_latents: torch.Tensor | None = None) -> list[GenOutput]:
-        """The GEN tower for one branch per layout and UND cache, in one pass over all their tokens, on device
-        tensors only (no host reads: CUDA-graph capturable). The branches share the latents and differ in their
-        prompt: its K/V, and its length, which offsets their RoPE positions."""
-        layout = layouts[0]  # the shape facts every branch shares
-        t, hp, wp = layout.grid
+    def gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, und_cache: UndCache,
+            sound_latents: torch.Tensor | None = None) -> GenOutput:
+        """The GEN tower on device tensors only (no host reads: CUDA-graph capturable)."""
+        c, t, h, w = layout.latent_shape
         p = self.config.latent_patch_size
+        _, hp, wp = layout.grid
 
         # Embed vision patches; the timestep embedding goes to noisy frames only.
         patches, _ = patchify(latents, p)  # [T*Hp*Wp, p*p*C]
@@ -314,28 +285,18 @@ class Cosmos3Transformer(nn.Module):
         if sound_latents is not None:  # sound tokens follow vision in the GEN stream; all are noisy
             segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
 
-        x, delta = torch.cat(segments), None  # [N_gen, H]: every branch's stream starts the same
-        cos, sin = layout.cos, layout.sin  # [N_gen, hd]
-        if len(layouts) > 1:  # B branches' rows one after another: [B * N_gen, H] and [B * N_gen, hd]
-            x = x.repeat(len(layouts), 1)
-            cos, sin = torch.cat([b.cos for b in layouts]), torch.cat([b.sin for b in layouts])
-        for i, layer in enumerate(self.layers):
-            x, delta = layer.forward_gen(x, delta, cos, sin, [c.keys[i] for c in caches], [c.values[i] for c in caches])
+        x, delta = torch.cat(segments), None  # [N_gen, H]
+        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
+            x, delta = layer.forward_gen(x, delta, layout.cos, layout.sin, k_und, v_und)
         _, x = residual_norm(self.norm_moe_gen, x, delta, None)
-        return [self._readout(layout, branch, sound_latents is not None) for branch in x.chunk(len(layouts))]
 
-    def _readout(self, layout: GenLayout, x: torch.Tensor, sound: bool) -> GenOutput:
-        """A branch's velocities from its final normed stream ``[N_gen, H]``: read at noisy vision tokens only
-        (condition frames stay zero), then at sound tokens."""
-        c, t, h, w = layout.latent_shape
-        p = self.config.latent_patch_size
-        _, hp, wp = layout.grid
-        n_vision = t * hp * wp
+        # Read predictions at noisy vision tokens only; condition frames stay zero.
+        n_vision = segments[0].shape[0]
         frames = x[:n_vision].view(t, hp * wp, -1)[layout.noisy]  # [T_noisy, Hp*Wp, H]
         pred = self.proj_out(frames.reshape(-1, frames.shape[-1]))
         velocity = torch.zeros((c, t, h, w), dtype=self.dtype, device=self.device)
         velocity[:, layout.noisy] = unpatchify(pred, (len(layout.noisy), hp, wp), p, (h, w))
-        sound_velocity = self.audio_proj_out(x[n_vision:]).t() if sound else None
+        sound_velocity = self.audio_proj_out(x[n_vision:]).t() if sound_latents is not None else None
         return GenOutput(velocity, sound_velocity)
 
     def velocity(self, input_ids, latents, timestep, fps=None, condition_frames=(), und_cache=None) -> torch.Tensor:

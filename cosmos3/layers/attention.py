@@ -9,7 +9,7 @@ them as one GEMM over their packed weights (cosmos3/layers/packed.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -73,52 +73,39 @@ class MoTAttention(nn.Module):
         """The FP8 scale the norm before ``tower``'s QKV should quantize with (None: 16-bit input)."""
         return shared_input_scale(self._projections(tower)) if self.split_qkv else None
 
-    def _project(self, tower: Tower, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``[S, H]`` (FP8 when ``input_scale`` says so) -> q ``[S, nh, hd]``, k and v ``[S, nkv, hd]``: views that
-        may stride over tokens (column slices of one GEMM's output)."""
+    def _qkv(self, tower: Tower, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_prefix: torch.Tensor,
+             v_prefix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[S, H]`` (FP8 when ``input_scale`` says so) and the K/V before this tower's ``[P, nkv, hd]`` -> q
+        ``[S, nh, hd]``, k/v ``[P + S, nkv, hd]``: QK RMSNorm per head, RoPE (q, k) and k/v after the prefixes,
+        one kernel."""
         if self.split_qkv:
             projections = self._projections(tower)
             x_in = quantize_shared_input(x, projections)  # one FP8 tensor for Q, K and V on W8A8 steps
             packed = self.packed[tower.q]
             if packed is not None and packed.wants(x_in):
-                q, k, v = packed(x_in)  # column slices of one GEMM's [S, q_dim + 2 * kv_dim]
+                q, k, v = packed(x_in)  # column slices of one GEMM's [S, q_dim + 2 * kv_dim]: strided tokens
             else:
                 q, k, v = (proj(x_in) for proj in projections)
         else:
             fused = getattr(self, tower.fused_qkv)
-            q, k, v = fused(x).split(fused.shard_sizes, dim=-1)  # column slices
-        return (q.reshape(-1, self.num_heads, self.head_dim), k.reshape(-1, self.num_kv_heads, self.head_dim),
-                v.reshape(-1, self.num_kv_heads, self.head_dim))
-
-    def _inputs(self, tower: Tower, q, k, v, cos, sin, k_prefix, v_prefix):
-        """q ``[S, nh, hd]``, k/v ``[P + S, nkv, hd]``: QK RMSNorm per head, RoPE (q, k) and k/v after the
-        prefixes ``[P, nkv, hd]``, one kernel."""
-        return ops.attention_inputs(q, k, v, getattr(self, tower.norm_q).weight, getattr(self, tower.norm_k).weight,
-                                    self.eps, cos, sin, k_prefix, v_prefix)
+            q, k, v = fused(x).split(fused.shard_sizes, dim=-1)  # column slices: strided tokens
+        heads = (-1, self.num_heads, self.head_dim)
+        kv_heads = (-1, self.num_kv_heads, self.head_dim)
+        return ops.attention_inputs(q.reshape(heads), k.reshape(kv_heads), v.reshape(kv_heads),
+                                    getattr(self, tower.norm_q).weight, getattr(self, tower.norm_k).weight, self.eps,
+                                    cos, sin, k_prefix, v_prefix)
 
     def und(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """UND causal self-attention; returns the output and this layer's K/V for the cache."""
         nothing = self.norm_k.weight.new_empty((0, self.num_kv_heads, self.head_dim))  # UND attends to UND only
-        q, k, v = self._inputs(UND, *self._project(UND, x), cos, sin, nothing, nothing)
+        q, k, v = self._qkv(UND, x, cos, sin, nothing, nothing)
         out = self.kernels.und(q, k, v)
         return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
 
-    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_unds: Sequence[torch.Tensor],
-            v_unds: Sequence[torch.Tensor]) -> torch.Tensor:
-        """GEN queries attend, unmasked, to their branch's UND keys first and then its GEN keys.
-
-        ``x`` ``[B * S, H]`` holds B branches' streams (CFG's cond and uncond) one after another, ``cos``/``sin``
-        ``[B * S, hd]`` their RoPE, ``k_unds``/``v_unds`` each branch's UND K/V ``[P_b, nkv, hd]``: the projections
-        run over every row at once (one GEMM reads each weight once for all branches), attention per branch.
-        """
-        q, k, v = self._project(GEN, x)
-        rows = x.shape[0] // len(k_unds)
-        outs = []
-        for b, (k_und, v_und) in enumerate(zip(k_unds, v_unds, strict=True)):
-            part = slice(b * rows, (b + 1) * rows)
-            qb, kb, vb = self._inputs(GEN, q[part], k[part], v[part], cos[part], sin[part], k_und, v_und)
-            outs.append(self.kernels.gen(qb, kb, vb))  # [S, nh * hd]; kb, vb: [P_b + S, nkv, hd]
-        return self.to_add_out(outs[0] if len(outs) == 1 else torch.cat(outs))
+    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor):
+        """GEN queries attend, unmasked, to the UND keys first and then the GEN keys."""
+        q, k, v = self._qkv(GEN, x, cos, sin, k_und, v_und)  # k, v: [S_und + S_gen, nkv, hd]
+        return self.to_add_out(self.kernels.gen(q, k, v))
 
     def finish_loading(self, where: str) -> None:
         """Checks the loaded scales; makes the packed groups' column scales from them."""

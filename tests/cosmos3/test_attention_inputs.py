@@ -221,7 +221,7 @@ def test_mot_attention_hands_its_kernels_what_the_four_ops_made(split_qkv):
     x_und, x_gen = _rows(6, 24, seed=1), _rows(10, 24, seed=2)
     (cos_und, sin_und), (cos_gen, sin_gen) = _tables(6, 8), _tables(10, 8)
     _, k_und, v_und = attention.und(x_und, cos_und, sin_und)
-    attention.gen(x_gen, cos_gen, sin_gen, [k_und], [v_und])
+    attention.gen(x_gen, cos_gen, sin_gen, k_und, v_und)
 
     expected = {}
     for name, tower, x, cos, sin in (("und", UND, x_und, cos_und, sin_und), ("gen", GEN, x_gen, cos_gen, sin_gen)):

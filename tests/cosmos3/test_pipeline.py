@@ -95,10 +95,8 @@ class ModelSpy:
     def __init__(self, model, monkeypatch):
         self.events: list[dict] = []
         self.caches: dict[int, list[int]] = {}  # id(cache) -> the token ids it was built from
-        encode_text, forward_branches, set_step = model.encode_text, model.forward_branches, model.set_denoising_step
+        encode_text, forward, set_step = model.encode_text, model.forward, model.set_denoising_step
         prepare_gen = model.prepare_gen
-        self.passes: list[int] = []  # each eager GEN pass: how many branches it ran
-        gen = model.gen
 
         def spy_prepare_gen(latent_shape, sound_frames):
             self.events.append({"call": "prepare_gen", "shape": tuple(latent_shape), "sound_frames": sound_frames})
@@ -110,28 +108,21 @@ class ModelSpy:
             self.events.append({"call": "encode_text"})
             return cache
 
-        def spy_forward_branches(latents, timestep, caches, **kwargs):  # one "velocity" event per branch
+        def spy_forward(input_ids, latents, timestep, **kwargs):
             sound = kwargs.get("sound_latents")
-            for cache in caches:
-                self.events.append(
-                    {"call": "velocity", "ids": self.caches[id(cache)], "cache": id(cache), "t": timestep,
-                     "latents": latents.clone(),
-                     "condition_frames": tuple(kwargs["condition_frames"]), "fps": kwargs["fps"],
-                     "sound": None if sound is None else sound.clone()}
-                )
-            return forward_branches(latents, timestep, caches, **kwargs)
-
-        def spy_gen(layouts, *args):
-            self.passes.append(len(layouts))
-            return gen(layouts, *args)
+            self.events.append(
+                {"call": "velocity", "ids": input_ids.tolist(), "cache": id(kwargs["und_cache"]), "t": timestep,
+                 "latents": latents.clone(), "condition_frames": tuple(kwargs["condition_frames"]),
+                 "fps": kwargs["fps"], "sound": None if sound is None else sound.clone()}
+            )
+            return forward(input_ids, latents, timestep, **kwargs)
 
         def spy_set_step(step, num_steps):
             self.events.append({"call": "step", "step": step, "num_steps": num_steps})
             set_step(step, num_steps)
 
         monkeypatch.setattr(model, "encode_text", spy_encode_text)
-        monkeypatch.setattr(model, "forward_branches", spy_forward_branches)
-        monkeypatch.setattr(model, "gen", spy_gen)
+        monkeypatch.setattr(model, "forward", spy_forward)
         monkeypatch.setattr(model, "set_denoising_step", spy_set_step)
         monkeypatch.setattr(model, "prepare_gen", spy_prepare_gen)
 
@@ -179,11 +170,11 @@ def test_every_task_renders_uint8_frames_of_the_requested_size(pipe, task):
 )
 def test_unset_fields_take_the_task_defaults(pipe, monkeypatch, task, shape, fps, steps):
     # The defaults are too big for a CPU test: stop at the first velocity and read the job there.
-    def stop(latents, timestep, caches, **kwargs):
+    def stop(input_ids, latents, timestep, **kwargs):
         raise StopRender(tuple(latents.shape), kwargs["fps"])
 
     num_steps = []
-    monkeypatch.setattr(pipe.model, "forward_branches", stop)
+    monkeypatch.setattr(pipe.model, "forward", stop)
     monkeypatch.setattr(pipe.model, "set_denoising_step", lambda step, n: num_steps.append(n))
     with pytest.raises(StopRender) as stopped:
         pipe(RenderRequest(task=task, prompt=PROMPT))
@@ -252,7 +243,6 @@ def test_each_step_sets_precision_then_runs_cond_and_uncond_with_their_own_cache
     # The model is told the passes' shape (CUDA graphs keep or free what that length needs), the UND tower runs
     # once per branch per job, then each step: precision, cond pass, uncond pass.
     assert calls == ["prepare_gen", "encode_text", "encode_text"] + ["step", "velocity", "velocity"] * STEPS
-    assert spy.passes == [2] * STEPS  # a short job's branches run as one GEN pass
     steps, passes = spy.of("step"), spy.of("velocity")
     (prepared,) = spy.of("prepare_gen")
     assert prepared["shape"] == tuple(passes[0]["latents"].shape)
@@ -266,17 +256,6 @@ def test_each_step_sets_precision_then_runs_cond_and_uncond_with_their_own_cache
         assert uncond["ids"] == uncond_ids and spy.caches[uncond["cache"]] == uncond_ids
         assert cond["t"] == uncond["t"]
         torch.testing.assert_close(cond["latents"], uncond["latents"], rtol=0, atol=0)
-
-
-def test_branches_too_long_for_one_pass_run_one_pass_each_to_the_same_frames(pipe, monkeypatch):
-    import cosmos3.transformer
-
-    together = pipe(job("t2v", negative_prompt="blurry"))
-    monkeypatch.setattr(cosmos3.transformer, "BATCH_MAX_TOKENS", 0)
-    spy = ModelSpy(pipe.model, monkeypatch)
-    apart = pipe(job("t2v", negative_prompt="blurry"))
-    assert spy.passes == [1] * (2 * STEPS)
-    assert np.abs(together.frames.astype(int) - apart.frames.astype(int)).max() <= 1  # fp32 rounding at most
 
 
 def test_t2i_runs_the_uncond_pass_only_inside_the_guidance_interval(pipe, monkeypatch):
@@ -332,13 +311,13 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
     gen_linear = fp8_pipe.model.step_controller.gen_linears[0]
     methods = []
-    forward_branches = fp8_pipe.model.forward_branches
+    forward = fp8_pipe.model.forward
 
-    def record(latents, timestep, caches, **kwargs):
-        methods.extend(gen_linear.quant_method for _ in caches)
-        return forward_branches(latents, timestep, caches, **kwargs)
+    def record(*args, **kwargs):
+        methods.append(gen_linear.quant_method)
+        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(fp8_pipe.model, "forward_branches", record)
+    monkeypatch.setattr(fp8_pipe.model, "forward", record)
     out = fp8_pipe(job("t2v", steps=8))
     assert out.info["precision"] == "fp8-static"
     a16 = out.info["step_policy"]["a16_steps"]
