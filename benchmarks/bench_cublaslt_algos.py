@@ -145,7 +145,8 @@ def measure_shape(ext, tokens: int, n: int, k: int, rounds: int) -> list[dict]:
     torch_call(0)
     expected = outs[0].clone()
     candidates = [("torch._scaled_mm", torch_call)]
-    candidates += [(f"heuristic #{i}", algo_call(a)) for i, a in enumerate(ext.algos(x, *weights[0], MAX_ALGOS))]
+    w0, sw0 = weights[0]
+    candidates += [(f"heuristic #{i}", algo_call(a)) for i, a in enumerate(ext.algos(x, w0, sx, sw0, MAX_ALGOS))]
     rows = []
     for label, call in candidates:
         outs[0].zero_()
