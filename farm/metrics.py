@@ -2,7 +2,7 @@
 
 Ray prefixes names with `ray_` and suffixes counters with `_total`: `farm_jobs_done` is scraped as
 `ray_farm_jobs_done_total{manifest="city"}`. The driver owns the job metrics; each worker reports its
-own progress through the current job.
+own progress through the current job and, on a GPU, how its GPU's clock ran.
 """
 
 from __future__ import annotations
@@ -57,3 +57,28 @@ class WorkerProgress:
 
     def step(self, step: int, num_steps: int) -> None:
         self._gauge.set((step + 1) / num_steps)  # `step` counts from 0
+
+
+class WorkerGpu:
+    """One GPU worker's clock while it renders: every telemetry sample sets the SM clock and power gauges (live on
+    the dashboard: a still at the 700 W cap runs near 1,600 MHz, an idle or throttled GPU shows apart), and each
+    job's end its share of samples held down by the power cap."""
+
+    def __init__(self, slot: int):
+        keys, tags = ("slot",), {"slot": str(slot)}
+        self._clock = Gauge("farm_worker_sm_clock_mhz", "GPU SM clock at the last sample of a render",
+                            tag_keys=keys)
+        self._power = Gauge("farm_worker_power_w", "GPU power draw at the last sample of a render", tag_keys=keys)
+        self._capped = Gauge("farm_worker_power_capped_share",
+                             "Share of the last job's samples whose clock the power cap held down", tag_keys=keys)
+        for metric in (self._clock, self._power, self._capped):
+            metric.set_default_tags(tags)
+
+    def sample(self, clock_mhz: float, power_w: float) -> None:
+        self._clock.set(clock_mhz)
+        self._power.set(power_w)
+
+    def job(self, telemetry: dict) -> None:
+        """After a job: its ``gpu_telemetry`` figures (nothing set where nothing was sampled)."""
+        if telemetry["power_capped_share"] is not None:
+            self._capped.set(telemetry["power_capped_share"])

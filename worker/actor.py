@@ -166,6 +166,7 @@ class RenderWorker:
         self._ready_seconds = time.perf_counter() - started
         self._origin = origin
         self._progress = metrics.WorkerProgress(slot)
+        self._gpu_gauges = metrics.WorkerGpu(slot) if self._telemetry is not None else None
         self._rendered: dict[tuple[str, int], _Rendered] = {}  # (job key, attempt) -> a render its publish takes
         self._identity = {
             "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),
@@ -186,14 +187,18 @@ class RenderWorker:
         settle_heap()  # before the job's clock
         started = time.time()
         try:
-            with gpu_telemetry.Sampler(self._telemetry) as sampler:
+            gauges = self._gpu_gauges
+            with gpu_telemetry.Sampler(self._telemetry, on_sample=None if gauges is None else gauges.sample) as sampler:
                 output = self._renderer(job.request, StepProgress(self._progress, job.key))
         except VAELoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
-        self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time(), sampler.summary())
+        telemetry = sampler.summary()
+        if self._gpu_gauges is not None:
+            self._gpu_gauges.job(telemetry)
+        self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time(), telemetry)
         return {"key": job.key, "attempt": attempt}
 
     def publish(self, job: Job, attempt: int) -> dict[str, Any]:

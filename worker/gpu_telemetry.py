@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import structlog
@@ -73,11 +74,13 @@ def open_device(uuid: str) -> NvmlDevice | None:
 
 class Sampler:
     """Samples ``device`` every ``period`` seconds on its own thread between ``with`` entry and exit; ``summary``
-    then has the figures. A reading that fails ends the sampling (logged) and never the job. With no device
-    (no NVML, no GPU) it samples nothing and its figures are nulls."""
+    then has the figures, and ``on_sample(clock MHz, power W)`` sees each reading as it comes (the dashboard's
+    gauges). A reading that fails ends the sampling (logged) and never the job. With no device (no NVML, no GPU)
+    it samples nothing and its figures are nulls."""
 
-    def __init__(self, device: Device | None, period: float = PERIOD):
-        self._device, self._period = device, period
+    def __init__(self, device: Device | None, period: float = PERIOD,
+                 on_sample: Callable[[float, float], None] | None = None):
+        self._device, self._period, self._on_sample = device, period, on_sample
         self._samples: list[tuple[float, float, int]] = []  # (SM clock MHz, power W, clock-event reason bits)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-telemetry", daemon=True)
@@ -98,7 +101,10 @@ class Sampler:
         device = self._device
         if self._limit is None:
             self._limit = device.power_limit_w()
-        self._samples.append((device.sm_clock_mhz(), device.power_w(), device.clock_reasons()))
+        clock, power = device.sm_clock_mhz(), device.power_w()
+        self._samples.append((clock, power, device.clock_reasons()))
+        if self._on_sample is not None:
+            self._on_sample(clock, power)
 
     def _run(self) -> None:
         try:

@@ -11,7 +11,7 @@ import pytest
 import ray
 from ray.util.state import list_tasks
 
-from farm import driver, manifest
+from farm import driver, manifest, metrics
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, write_manifest
 
@@ -56,14 +56,15 @@ def _eventually(read, want, seconds: float = 30.0):
     return got
 
 
-def _scrape(names) -> dict[str, float]:
-    """The values of `names` for this module's manifest on the head node's metrics port (absent: left out)."""
+def _scrape(names, tag: str = 'manifest="observed"') -> dict[str, float]:
+    """The values of `names` tagged `tag` (this module's manifest) on the head node's metrics port (absent: left
+    out)."""
     port = ray.nodes()[0]["MetricsExportPort"]
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     values = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0]
-        if name in names and 'manifest="observed"' in line:
+        if name in names and tag in line:
             values[name] = float(line.rsplit(" ", 1)[1])
     return values
 
@@ -91,3 +92,16 @@ def test_every_attempt_is_named_for_its_job(observed):
 def test_the_run_is_counted_on_the_metrics_port(observed, metric):
     _, metrics = observed
     assert metrics.get(metric) == EXPECTED_METRICS[metric]
+
+
+def test_a_gpu_workers_clock_and_power_cap_share_reach_the_metrics_port(observed):
+    """What a GPU worker's telemetry sets (worker.actor feeds each sample and each job's figures): this cluster's
+    workers are fakes without a GPU, so the gauges are set here as a worker sets them, and read back where the
+    dashboard reads them."""
+    gauges = metrics.WorkerGpu(slot=7)
+    gauges.sample(1605.0, 690.5)
+    gauges.job({"power_capped_share": 0.94})
+    gauges.job({"power_capped_share": None})  # a job with no samples leaves the last value
+    want = {"ray_farm_worker_sm_clock_mhz": 1605.0, "ray_farm_worker_power_w": 690.5,
+            "ray_farm_worker_power_capped_share": 0.94}
+    assert _eventually(lambda: _scrape(want, 'slot="7"'), want, seconds=15) == want

@@ -62,6 +62,15 @@ def test_the_thread_samples_until_the_render_ends():
     assert figures["power_capped_share"] == 0 and figures["thermal_share"] == 0
 
 
+def test_each_reading_reaches_the_dashboards_gauges_as_it_comes():
+    device = ScriptedDevice([(1605, 690.0, 0x4), (1590, 700.0, 0x4), (1980, 120.0, 0)])
+    seen = []
+    sampler = Sampler(device, on_sample=lambda clock, power: seen.append((clock, power)))
+    for _ in range(3):
+        sampler.sample()
+    assert seen == [(1605, 690.0), (1590, 700.0), (1980, 120.0)]
+
+
 def test_a_failing_reading_ends_the_sampling_never_the_job():
     device = ScriptedDevice([(1500, 600.0, 0x4)] * 5, fail_at=2)
     with structlog.testing.capture_logs() as logs:
