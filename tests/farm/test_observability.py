@@ -6,14 +6,18 @@ from __future__ import annotations
 import functools
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import ray
 from ray.util.state import list_tasks
 
-from farm import driver, manifest, metrics
+from cosmos3.request import RequestRules
+from farm import driver, manifest
 from tests.farm import fakes
-from tests.farm.helpers import local_cluster, write_manifest
+from tests.farm.helpers import local_cluster, render_and_publish, write_manifest
+from worker import fake
+from worker.actor import RenderWorker
 
 JOBS = [{"id": "clip", "prompt": "fine"}, {"id": "sweep", "prompt": "fine", "seeds": [1, 2]},
         {"id": "bad", "prompt": "fail", "retries": 1}]
@@ -94,14 +98,45 @@ def test_the_run_is_counted_on_the_metrics_port(observed, metric):
     assert metrics.get(metric) == EXPECTED_METRICS[metric]
 
 
-def test_a_gpu_workers_clock_and_power_cap_share_reach_the_metrics_port(observed):
-    """What a GPU worker's telemetry sets (worker.actor feeds each sample and each job's figures): this cluster's
-    workers are fakes without a GPU, so the gauges are set here as a worker sets them, and read back where the
-    dashboard reads them."""
-    gauges = metrics.WorkerGpu(slot=7)
-    gauges.sample(1605.0, 690.5)
-    gauges.job({"power_capped_share": 0.94})
-    gauges.job({"power_capped_share": None})  # a job with no samples leaves the last value
+class _PinnedGpu:
+    """NVML's readings of a GPU held at its power cap: always 1,605 MHz, 690.5 W, the software power cap's bit."""
+
+    def sm_clock_mhz(self):
+        return 1605.0
+
+    def power_w(self):
+        return 690.5
+
+    def power_limit_w(self):
+        return 700.0
+
+    def clock_reasons(self):
+        return 0x4
+
+
+def _renderer_on_a_capped_gpu(model, gpu: bool) -> fake.FakeRenderer:
+    """A fake renderer that says it runs on a GPU; loading it (in the worker's process, before the worker opens
+    NVML) plants NVML's readings of a capped GPU, which this machine has none of."""
+    from worker import gpu_telemetry
+
+    gpu_telemetry.open_device = lambda uuid: _PinnedGpu()
+    renderer = fake.FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.01)
+    renderer.device, renderer.facts = "cuda:0", {"gpu_uuid": "GPU-0f1e2d3c-aaaa-bbbb-cccc-123456789abc"}
+    return renderer
+
+
+def test_a_gpu_workers_clock_and_power_cap_share_reach_the_metrics_port(observed, tmp_path):
+    """A GPU worker feeds each telemetry sample and each job's figures to its slot's gauges."""
+    path = write_manifest(tmp_path, [{"id": "still", "task": "t2i", "prompt": "fine"}], name="gauges")
+    m = manifest.load(path)
+    Path(m.output_root).mkdir()
+    worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(
+        m.model, _renderer_on_a_capped_gpu, {"run": "r", "path": str(path), "sha256": "-", "name": "gauges",
+                                             "root": m.output_root}, 7)
+    render_and_publish(worker, m.jobs[0])
     want = {"ray_farm_worker_sm_clock_mhz": 1605.0, "ray_farm_worker_power_w": 690.5,
-            "ray_farm_worker_power_capped_share": 0.94}
-    assert _eventually(lambda: _scrape(want, 'slot="7"'), want, seconds=15) == want
+            "ray_farm_worker_power_capped_share": 1.0}
+    try:
+        assert _eventually(lambda: _scrape(want, 'slot="7"'), want, seconds=15) == want
+    finally:
+        ray.kill(worker)
