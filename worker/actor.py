@@ -186,8 +186,8 @@ class RenderWorker:
         """Renders `job` and keeps its output for `publish`; returns as soon as the GPU is free for the next job."""
         settle_heap()  # before the job's clock
         started = time.time()
+        gauges = self._gpu_gauges
         try:
-            gauges = self._gpu_gauges
             with gpu_telemetry.Sampler(self._telemetry, on_sample=None if gauges is None else gauges.sample) as sampler:
                 output = self._renderer(job.request, StepProgress(self._progress, job.key))
         except VAELoadError as err:  # the driver treats it as this worker's failed start
@@ -196,8 +196,8 @@ class RenderWorker:
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
         telemetry = sampler.summary()
-        if self._gpu_gauges is not None:
-            self._gpu_gauges.job(telemetry)
+        if gauges is not None:
+            gauges.job(telemetry)
         self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time(), telemetry)
         return {"key": job.key, "attempt": attempt}
 

@@ -16,6 +16,7 @@ from cosmos3.request import RequestRules
 from farm import driver, manifest
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, render_and_publish, write_manifest
+from tests.worker.test_gpu_telemetry import ScriptedDevice
 from worker import fake
 from worker.actor import RenderWorker
 
@@ -98,28 +99,12 @@ def test_the_run_is_counted_on_the_metrics_port(observed, metric):
     assert metrics.get(metric) == EXPECTED_METRICS[metric]
 
 
-class _PinnedGpu:
-    """NVML's readings of a GPU held at its power cap: always 1,605 MHz, 690.5 W, the software power cap's bit."""
-
-    def sm_clock_mhz(self):
-        return 1605.0
-
-    def power_w(self):
-        return 690.5
-
-    def power_limit_w(self):
-        return 700.0
-
-    def clock_reasons(self):
-        return 0x4
-
-
 def _renderer_on_a_capped_gpu(model, gpu: bool) -> fake.FakeRenderer:
     """A fake renderer that says it runs on a GPU; loading it (in the worker's process, before the worker opens
     NVML) plants NVML's readings of a capped GPU, which this machine has none of."""
     from worker import gpu_telemetry
 
-    gpu_telemetry.open_device = lambda uuid: _PinnedGpu()
+    gpu_telemetry.open_device = lambda uuid: ScriptedDevice([(1605.0, 690.5, 0x4)])  # every read the same
     renderer = fake.FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.01)
     renderer.device, renderer.facts = "cuda:0", {"gpu_uuid": "GPU-0f1e2d3c-aaaa-bbbb-cccc-123456789abc"}
     return renderer
