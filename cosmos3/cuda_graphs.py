@@ -1,13 +1,18 @@
 """CUDA graphs of the GEN tower: capture a step once, replay it every step.
 
 A Nano GEN step at 1,024 tokens is a few thousand small kernels; launching them from Python costs
-more than the maths. A graph is captured per (layout, UND length, step-precision mode): the inputs
-that change between calls — latents, timestep, the UND K/V of the branch — are copied into the
-graph's static buffers before each replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so the
-cond and uncond branches of a render, and later renders of the same shape, reuse the graphs. The K/V
-copy is skipped while the graph's buffers already hold the cache passed in (a branch whose prompt
-length no other branch shares): 72 copies a forward at a still's 1,024 tokens, and a GPU-idle gap.
-All GEN graphs share one memory pool; they never run concurrently and outputs are cloned out.
+more than the maths. A graph is captured per (layout, UND K/V rows, step-precision mode): the inputs
+that change between calls — latents, timestep, the UND K/V of the branch and the GEN tokens' RoPE (which
+starts after the prompt) — are copied into the graph's static buffers before each replay (K/V are small:
+``[S_und, nkv, hd]`` per layer), so the cond and uncond branches of a render, and later renders of the same
+shape, reuse the graphs. The K/V copy is skipped while the graph's buffers already hold the cache passed in.
+
+Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
+graph's UND rows are a bucket (``prefix_rows``): a prompt's K/V sit right-aligned in them and the rows before
+are skipped, so one graph serves every prompt length of its bucket, and a farm rendering stills of ever new
+prompts replays graphs instead of capturing two or four a still (each capture costs two extra forwards). With
+other kernels a graph holds exactly one prompt length. All GEN graphs share one memory pool; they never run
+concurrently and outputs are cloned out.
 
 The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
 fifth of the forward. Graphed W8A16 passes instead read the weights dequantized once
@@ -26,6 +31,7 @@ dequantized weights, one at a time), given back with the dequantized GEN weights
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -47,9 +53,18 @@ GRAPH_MAX_TOKENS = 16384
 DEQUANTIZED_HEADROOM = 8 << 30
 # Prompt lengths whose UND pass stays captured (least recently used dropped first).
 UND_GRAPHS = 8
+# The fewest UND K/V rows of a graph whose kernel skips rows. Buckets are powers of two: a graph per doubling of
+# prompt length, and the skipped rows (which attention_inputs copies with the prompt's, per layer) are fewer than
+# the prompt's own.
+MIN_PREFIX_ROWS = 128
 
 
-def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 8) -> None:
+def prefix_rows(length: int) -> int:
+    """The UND K/V rows of the graph that serves a prompt of ``length`` tokens, where attention skips rows."""
+    return max(MIN_PREFIX_ROWS, 1 << max(length - 1, 0).bit_length())
+
+
+def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 16) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
 
     A function here rather than a model method, so the model never imports this module (one direction only).
@@ -73,7 +88,8 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     latents: torch.Tensor  # static inputs ...
     step_t: torch.Tensor
-    cache: UndCache
+    cache: UndCache  # [rows, nkv, hd] a layer; ``skip`` set where the kernel skips rows
+    layout: GenLayout  # its cos/sin
     sound: torch.Tensor | None
     out: GenOutput  # ... and outputs, owned by the graph's pool
     holds: weakref.ref  # the UndCache whose K/V ``cache`` holds now (a weak reference: never kept alive)
@@ -88,7 +104,7 @@ class _CapturedUnd:
 
 
 class GenGraphs:
-    def __init__(self, model, *, max_graphs: int = 8):
+    def __init__(self, model, *, max_graphs: int = 16):
         self.model = model
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
@@ -161,20 +177,26 @@ class GenGraphs:
 
     def run(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, cache: UndCache,
             sound: torch.Tensor | None) -> GenOutput:
-        if layout.cos.shape[0] > GRAPH_MAX_TOKENS:
+        tokens = layout.cos.shape[0]
+        if tokens > GRAPH_MAX_TOKENS:
             return self.model.gen(layout, latents, step_t, cache, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
-        key = (layout.key, self._mode())
+        skipping = self.model.attention.gen_skips_rows(self.model.device, tokens)
+        rows = prefix_rows(cache.length) if skipping else cache.length
+        key = (layout.key._replace(und_len=rows), self._mode())
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._capture(key, layout, latents, step_t, cache, sound)
+            captured = self._capture(key, layout, latents, step_t, cache, sound, skipping)
         self._graphs.move_to_end(key)
         # One foreach copy: a few multi-tensor kernels for the inputs and every layer's UND K/V, not 2 + 2 x layers
         static, live = [captured.latents, captured.step_t], [latents, step_t]
         if captured.holds() is not cache:  # caches are never written after encode_text
-            static += [*captured.cache.keys, *captured.cache.values]
-            live += [*cache.keys, *cache.values]
+            held, start = captured.cache, rows - cache.length  # the prompt's rows are the last ones
+            static += [t[start:] for t in held.keys + held.values] + [captured.layout.cos, captured.layout.sin]
+            live += [*cache.keys, *cache.values, layout.cos, layout.sin]
+            if held.skip is not None:
+                held.skip.fill_(start)  # no host sync: a fill kernel queued before the replay
             captured.holds = weakref.ref(cache)
         if sound is not None:
             static.append(captured.sound)
@@ -184,21 +206,31 @@ class GenGraphs:
         out = captured.out
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
 
-    def _capture(self, key, layout, latents, step_t, cache, sound) -> _Captured:
+    def _capture(self, key, layout, latents, step_t, cache, sound, skipping: bool) -> _Captured:
         if len(self._graphs) >= self.max_graphs:
             self._graphs.popitem(last=False)
-        static = UndCache([k.clone() for k in cache.keys], [v.clone() for v in cache.values], cache.length)
+        rows = key[0].und_len
+        start = rows - cache.length
+
+        def right_aligned(t: torch.Tensor) -> torch.Tensor:  # [S_und, nkv, hd] -> [rows, nkv, hd]
+            held = t.new_zeros((rows, *t.shape[1:]))
+            held[start:] = t
+            return held
+
+        skip = torch.full((1,), start, dtype=torch.int32, device=self.model.device) if skipping else None
+        static = UndCache([right_aligned(k) for k in cache.keys], [right_aligned(v) for v in cache.values], rows, skip)
+        static_layout = dataclasses.replace(layout, cos=layout.cos.clone(), sin=layout.sin.clone())
         inputs = (latents.clone(), step_t.clone(), static, None if sound is None else sound.clone())
         # Warm up on a side stream (lazy cuBLAS/extension init must not happen during capture).
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.model.gen(layout, *inputs)
+            self.model.gen(static_layout, *inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.gen(layout, *inputs)
-        captured = _Captured(graph, inputs[0], inputs[1], static, inputs[3], out, weakref.ref(cache))
+            out = self.model.gen(static_layout, *inputs)
+        captured = _Captured(graph, inputs[0], inputs[1], static, static_layout, inputs[3], out, weakref.ref(cache))
         self._graphs[key] = captured
         return captured
 

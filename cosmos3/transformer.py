@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -36,13 +37,24 @@ class UndCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int  # S_und: the text positions 0..S_und-1; vision starts at S_und + 15000
+    # int32 [1] on the device: how many leading rows of keys/values GEN attention skips (a CUDA graph's static
+    # cache holds any prompt up to its rows, right-aligned: cosmos3/cuda_graphs.py); None: every row is the prompt's
+    skip: torch.Tensor | None = None
+
+
+class LayoutKey(NamedTuple):
+    latent_shape: tuple[int, int, int, int]
+    und_len: int
+    fps: float | None
+    condition_frames: tuple[int, ...]
+    sound_frames: int | None
 
 
 @dataclass(frozen=True)
 class GenLayout:
     """Shape-only facts of a GEN evaluation: the same for every step of a render."""
 
-    key: tuple  # (latent shape, UND length, fps, condition frames, sound frames)
+    key: LayoutKey
     latent_shape: tuple[int, int, int, int]  # [C, T, H, W]
     grid: tuple[int, int, int]  # patch grid (T, Hp, Wp)
     noisy: torch.Tensor  # [T_noisy] long: latent frames that get the timestep embedding
@@ -90,10 +102,10 @@ class DecoderLayer(nn.Module):
         return x, self.mlp(h), k, v
 
     def forward_gen(self, x: torch.Tensor, delta: torch.Tensor | None, cos, sin, k_und: torch.Tensor,
-                    v_und: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    v_und: torch.Tensor, skip: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """GEN stream; returns (stream, MLP output)."""
         x, h = residual_norm(self.input_layernorm_moe_gen, x, delta, self.self_attn.input_scale(GEN))
-        attn = self.self_attn.gen(h, cos, sin, k_und, v_und)
+        attn = self.self_attn.gen(h, cos, sin, k_und, v_und, skip)
         x, h = self.post_attention_layernorm_moe_gen.add(x, attn, scale=self.mlp_moe_gen.input_scale())
         return x, self.mlp_moe_gen(h)
 
@@ -234,7 +246,7 @@ class Cosmos3Transformer(nn.Module):
     def gen_layout(self, latent_shape: tuple[int, int, int, int], und_len: int, fps: float | None,
                    condition_frames: tuple[int, ...], sound_frames: int | None) -> GenLayout:
         """What a GEN evaluation needs beyond tensors, built once per shape and reused every step."""
-        key = (latent_shape, und_len, fps, condition_frames, sound_frames)
+        key = LayoutKey(latent_shape, und_len, fps, condition_frames, sound_frames)
         if key not in self._layouts:
             if len(self._layouts) >= 16:  # a render uses one or two; bound it across requests
                 self._layouts.pop(next(iter(self._layouts)))
@@ -287,7 +299,7 @@ class Cosmos3Transformer(nn.Module):
 
         x, delta = torch.cat(segments), None  # [N_gen, H]
         for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
-            x, delta = layer.forward_gen(x, delta, layout.cos, layout.sin, k_und, v_und)
+            x, delta = layer.forward_gen(x, delta, layout.cos, layout.sin, k_und, v_und, und_cache.skip)
         _, x = residual_norm(self.norm_moe_gen, x, delta, None)
 
         # Read predictions at noisy vision tokens only; condition frames stay zero.

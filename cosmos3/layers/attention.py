@@ -102,10 +102,12 @@ class MoTAttention(nn.Module):
         out = self.kernels.und(q, k, v)
         return self.to_out(out), k, v  # k post-norm post-RoPE, v raw: [S_und, nkv, hd]
 
-    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor):
-        """GEN queries attend, unmasked, to the UND keys first and then the GEN keys."""
+    def gen(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_und: torch.Tensor, v_und: torch.Tensor,
+            skip: torch.Tensor | None = None):
+        """GEN queries attend, unmasked, to the UND keys first and then the GEN keys; ``skip`` (int32 [1] on the
+        device, or None) leading rows of ``k_und``/``v_und`` are not the prompt's and are skipped."""
         q, k, v = self._qkv(GEN, x, cos, sin, k_und, v_und)  # k, v: [S_und + S_gen, nkv, hd]
-        return self.to_add_out(self.kernels.gen(q, k, v))
+        return self.to_add_out(self.kernels.gen(q, k, v, skip))
 
     def finish_loading(self, where: str) -> None:
         """Checks the loaded scales; makes the packed groups' column scales from them."""

@@ -273,6 +273,7 @@ class _Fa3Family:
     # cuDNN FP8's measured crossover; FA3 FP8 is no cheaper below it (1,024 queries: 0.403 ms, BF16 FA3 0.068).
     min_queries = CudnnFp8Kernel.min_queries
     head_dims: tuple[int, ...] = ()
+    skips_rows = False  # whether ``skipping`` runs (Fa3Kernel's BF16 kernel)
 
     def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
         if not self.fp8:
@@ -288,6 +289,14 @@ class _Fa3Family:
             raise ValueError(f"{self.name} has kernels for head_dim {self.head_dims}, not {head_dim}")
         q = torch.randn(128, 1, head_dim, device=device, dtype=torch.bfloat16)
         self(q, q, q, causal=False)
+        if self.skips_rows:
+            try:
+                self.skipping(q, q, q, torch.zeros(1, dtype=torch.int32, device=device))
+            except Exception as err:  # noqa: BLE001 - a build without FA3's varlen kernels, say
+                # Still the fastest kernel; CUDA graphs then hold one prompt length each.
+                self.skips_rows = False
+                log.warning("attention kernel cannot skip K/V rows here", kernel=self.name,
+                            reason=f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}")
 
 
 class Fa3Kernel(_Fa3Family):
@@ -297,14 +306,21 @@ class Fa3Kernel(_Fa3Family):
     head_dims = (64, 96, 128, 192, 256)
 
     def __init__(self, *, fp8: bool):
-        from fa3_fwd_interface import flash_attn_func  # loads the kernels; fails here if they cannot run
+        # loads the kernels; fails here if they cannot run
+        from fa3_fwd_interface import flash_attn_func, flash_attn_with_kvcache
 
-        self._attention = flash_attn_func
+        self._attention, self._over_cache = flash_attn_func, flash_attn_with_kvcache
         self.fp8 = fp8
         self.name = "fa3-fp8" if fp8 else "fa3"
+        self.skips_rows = not fp8  # FP8's smoothing would average the skipped rows too
 
     def _bf16(self, q, k, v, causal):
         return self._attention(q[None], k[None], v[None], causal=causal)[0]  # [1, S, heads, hd] views
+
+    def skipping(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+        """BF16, non-causal: ``q [Sq, nh, hd]`` over the rows of ``k/v [Sk, nkv, hd]`` from ``skip`` (int32 [1] on
+        the device) on, read there by the kernel (FA3's left padding of a KV cache): ``[Sq, nh*hd]``."""
+        return self._over_cache(q[None], k[None], v[None], cache_leftpad=skip)[0].reshape(q.shape[0], -1)
 
     def _fp8(self, q8, k8, v8, scales, causal, out_dtype):
         descales = {f"{name}_descale": s.reshape(1, 1).expand(1, k8.shape[1]).contiguous()  # [1, nkv] fp32
@@ -435,9 +451,16 @@ class AttentionKernels:
         if self.choice == "fp8":
             self._kernel(device, fp8=True)
 
-    def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """GEN queries over ``[K_und ; K_gen]``, unmasked."""
-        return self._gen_kernel(q.device, q.shape[0])(q, k, v, causal=False)
+    def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
+        """GEN queries over ``[K_und ; K_gen]``, unmasked; the first ``skip`` rows (int32 [1] on the device, only
+        where ``gen_skips_rows`` says the kernel can) are left out."""
+        kernel = self._gen_kernel(q.device, q.shape[0])
+        return kernel(q, k, v, causal=False) if skip is None else kernel.skipping(q, k, v, skip)
+
+    def gen_skips_rows(self, device: torch.device | str, queries: int) -> bool:
+        """Whether the GEN kernel a pass of ``queries`` tokens runs now reads a row count to skip from the device
+        (a CUDA graph then serves prompts of any length up to its K/V rows). FA3's BF16 kernel does."""
+        return getattr(self._gen_kernel(torch.device(device), queries), "skips_rows", False)
 
     def und(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._kernel(q.device, fp8=False)(q, k, v, causal=True)

@@ -256,6 +256,27 @@ def test_fa3_bf16_kernels_match_fp32(name, causal):
 
 
 @pytest.mark.gpu
+def test_fa3_skips_the_rows_the_device_names_in_a_graph():
+    """One graph over 1,536 K/V rows serves any prompt up to 512 rows right-aligned before the 1,024 GEN rows: it
+    equals the kernel over exactly the rows kept, whatever the skipped rows hold."""
+    kernel = _library_kernel("fa3")
+    assert kernel.skips_rows
+    q, k, v = layer_qkv(1024, 512 + 1024, heads=32, kv_heads=8, hd=128, device="cuda")
+    static_k, static_v = (torch.full_like(t, 1e4) for t in (k, v))  # unskipped, these rows would swamp the softmax
+    skip = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kernel.skipping(q, static_k, static_v, skip)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel.skipping(q, static_k, static_v, skip)
+    for prompt in (512, 300, 7):
+        start = 512 - prompt
+        static_k[start:], static_v[start:] = k[start:], v[start:]
+        skip.fill_(start)
+        graph.replay()
+        assert torch.equal(out, kernel(q, k[start:], v[start:], causal=False)), prompt
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("name", FP8_KERNELS)
 def test_fp8_kernels_match_fp32_at_image_lengths(name, causal):
@@ -371,6 +392,26 @@ def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
 
     model = build_transformer(Cosmos3Config.from_dict(SMALL), TensorDict(random_checkpoint(SMALL, "cpu")))
     assert model.layers[0].self_attn.head_dim == 128  # loading is strict: a missing or extra tensor raises
+
+
+@pytest.mark.gpu
+def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_bucket():
+    """FA3's BF16 kernel skips the rows before a prompt: prompts of 5 to 128 tokens replay one graph (K/V rows 128),
+    129 tokens another (256), and every replay equals the eager pass over that prompt's own K/V."""
+    pytest.importorskip("fa3_fwd_interface")
+    from cosmos3.cuda_graphs import enable_cuda_graphs
+
+    torch.manual_seed(0)
+    model = _small_model()
+    latents = torch.randn(16, 1, 32, 32, device="cuda").bfloat16()  # 256 GEN tokens
+    assert model.attention.gen_skips_rows("cuda", 256)
+    caches = [model.encode_text(torch.randint(0, 128, (n,), device="cuda")) for n in (5, 100, 37, 128, 129)]
+    eager = [model.velocity(None, latents, 500.0, und_cache=cache) for cache in caches]
+    enable_cuda_graphs(model)
+    for order in (range(5), reversed(range(5))):
+        for i in order:
+            assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[i]), eager[i]), i
+    assert sorted(key[0].und_len for key in model.cuda_graphs._graphs) == [128, 256]
 
 
 @pytest.mark.gpu

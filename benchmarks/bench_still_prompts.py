@@ -1,0 +1,60 @@
+"""Stills of prompts the worker has not seen (GPU): issue 15's T2I with a new prompt length each, against the
+same prompt's next still, in the tree it runs from. A farm renders thousands of stills a day, most of them of a
+prompt length it has never run; before a graph served every length of its bucket (cosmos3/cuda_graphs.py), each
+such still captured its GEN graphs (two extra forwards a graph).
+
+Two trees on one machine, side by side (as bench_still_tree.py):
+
+    python benchmarks/bench_render.py write --root /tmp/nano --variants fp8
+    mkdir /tmp/old && git archive OLD cosmos3 benchmarks worker farm toy | tar -x -C /tmp/old
+    cd /tmp/old && PYTHONPATH=/tmp/old python3 $REPO/benchmarks/bench_still_prompts.py /tmp/nano old 6
+    cd $REPO && python3 benchmarks/bench_still_prompts.py /tmp/nano new 6
+
+Arguments: the checkpoint root, a label, how many new prompts. Each new prompt is the benchmark's prompt with
+more words; it runs twice (its first still, then the same prompt again). Prints each pair's steps sums and UND
+times, and the medians. Only the pipeline's public API is used, so an older tree runs it too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path.cwd()))  # the tree it runs from, not this file's
+
+WORDS = "with glass towers reflecting an orange sky while ferries cross the bay".split()
+
+
+def main() -> None:
+    root, label, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    from worker.gpu import configure_cuda_allocator
+
+    configure_cuda_allocator()  # a farm GPU worker's allocator, set before torch touches CUDA
+
+    from benchmarks.bench_render import JOBS, PROMPT
+    from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+
+    pipe = Cosmos3Pipeline.from_pretrained(root / "fp8", device="cuda", attention="fp8")
+    still = {k: v for k, v in JOBS["t2i"].items() if k not in ("id", "priority", "size")}
+
+    def render(prompt: str) -> tuple[float, float]:
+        timings = pipe(RenderRequest(prompt=prompt, width=1024, height=1024, **still)).timings
+        return sum(timings["steps"]), timings["und"]
+
+    warm = [render(PROMPT)[0] for _ in range(2)]  # the shape's first still captures; the second replays
+    print(f"{label}: warm-up (the benchmark's prompt) steps {warm[0]:.3f}, {warm[1]:.3f} s", flush=True)
+    first, again = [], []
+    for n in range(1, count + 1):
+        prompt = f"{PROMPT}, {' '.join(WORDS[:n] * n)}"  # n * n more words: a new length each
+        (steps, und), (steps_again, und_again) = render(prompt), render(prompt)
+        first.append(steps)
+        again.append(steps_again)
+        print(f"{label}: prompt +{n * n} words: first still steps {steps:.3f} s (UND {und:.3f}), the same prompt "
+              f"again {steps_again:.3f} s (UND {und_again:.3f})", flush=True)
+    print(f"{label}: median steps, a new prompt's first still {statistics.median(first):.3f} s, the same prompt "
+          f"again {statistics.median(again):.3f} s ({statistics.median(first) / statistics.median(again):.3f}x)")
+
+
+if __name__ == "__main__":
+    main()
