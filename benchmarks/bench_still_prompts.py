@@ -11,8 +11,9 @@ Two trees on one machine, side by side (as bench_still_tree.py):
     cd $REPO && python3 benchmarks/bench_still_prompts.py /tmp/nano new 6
 
 Arguments: the checkpoint root, a label, how many new prompts. Each new prompt is the benchmark's prompt with
-more words; it runs twice (its first still, then the same prompt again). Prints each pair's steps sums and UND
-times, and the medians. Only the pipeline's public API is used, so an older tree runs it too.
+more words; it runs three times (its first still, then the same prompt twice: a length an earlier job ran gets
+graphs of its exact length, captured in its second still). Prints each still's steps sum and UND time, and the
+medians. Only the pipeline's public API is used, so an older tree runs it too.
 """
 
 from __future__ import annotations
@@ -44,16 +45,15 @@ def main() -> None:
 
     warm = [render(PROMPT)[0] for _ in range(2)]  # the shape's first still captures; the second replays
     print(f"{label}: warm-up (the benchmark's prompt) steps {warm[0]:.3f}, {warm[1]:.3f} s", flush=True)
-    first, again = [], []
+    stills = []  # per prompt: (steps, UND) of its first, second and third still
     for n in range(1, count + 1):
         prompt = f"{PROMPT}, {' '.join(WORDS[:n] * n)}"  # n * n more words: a new length each
-        (steps, und), (steps_again, und_again) = render(prompt), render(prompt)
-        first.append(steps)
-        again.append(steps_again)
-        print(f"{label}: prompt +{n * n} words: first still steps {steps:.3f} s (UND {und:.3f}), the same prompt "
-              f"again {steps_again:.3f} s (UND {und_again:.3f})", flush=True)
-    print(f"{label}: median steps, a new prompt's first still {statistics.median(first):.3f} s, the same prompt "
-          f"again {statistics.median(again):.3f} s ({statistics.median(first) / statistics.median(again):.3f}x)")
+        stills.append([render(prompt) for _ in range(3)])
+        print(f"{label}: prompt +{n * n} words: steps (UND) of its stills "
+              + ", ".join(f"{steps:.3f} ({und:.3f})" for steps, und in stills[-1]), flush=True)
+    first, second, third = (statistics.median(runs[i][0] for runs in stills) for i in range(3))
+    print(f"{label}: median steps of a prompt's first still {first:.3f} s, second {second:.3f} s, third {third:.3f} s; "
+          f"first / third {first / third:.3f}x")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ starts after the prompt) — are copied into the graph's static buffers before e
 shape, reuse the graphs. The K/V copy is skipped while the graph's buffers already hold the cache passed in.
 
 Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
-graph's UND rows are a bucket (``prefix_rows``): a prompt's K/V sit right-aligned in them and the rows before
-are skipped, so one graph serves every prompt length of its bucket, and a farm rendering stills of ever new
-prompts replays graphs instead of capturing two or four a still (each capture costs two extra forwards). With
-other kernels a graph holds exactly one prompt length. All GEN graphs share one memory pool; they never run
+prompt length no earlier job ran replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in
+its UND rows and the rows before are skipped, so one graph serves every new prompt length of its bucket, and a farm
+rendering stills of ever new prompts replays graphs instead of capturing two a still (two extra forwards each).
+A length an earlier job ran (a negative prompt's, a repeated prompt's) gets a graph of its exact length, as every
+length does with other kernels: FA3's skipping kernel is its varlen build, ~8% slower a call at a still's size
+(benchmarks/results/h200-2026-12-03-session21.md). All GEN graphs share one memory pool; they never run
 concurrently and outputs are cloned out.
 
 The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
@@ -111,6 +113,8 @@ class GenGraphs:
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._und_graphs: OrderedDict[int, _CapturedUnd] = OrderedDict()  # prompt length -> its UND pass
         self._und_seen: set[int] = set()  # prompt lengths whose UND pass has run (a second run captures)
+        self._gen_seen: set[tuple] = set()  # GEN layouts of earlier jobs (they get graphs of their exact length)
+        self._gen_now: set[tuple] = set()  # ... and of this job
         self._short_job = True  # whether the job prepare() last announced runs graphed
         self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
@@ -144,6 +148,8 @@ class GenGraphs:
         """Before a job whose GEN passes hold ``tokens`` tokens. Passes too long for graphs run eagerly, and so
         does such a job's UND pass: the dequantized weights, the graphs that read them and the UND graphs are
         dropped for it, and their memory goes back to the device before the job starts (its peak is its own)."""
+        self._gen_seen |= self._gen_now
+        self._gen_now = set()
         self._short_job = tokens <= GRAPH_MAX_TOKENS
         if self._short_job or (self.dequantized is None and not self._und_graphs):
             return
@@ -182,9 +188,11 @@ class GenGraphs:
             return self.model.gen(layout, latents, step_t, cache, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
-        skipping = self.model.attention.gen_skips_rows(self.model.device, tokens)
+        # A bucket's graph for a prompt length no earlier job ran, where the kernel skips rows; else its exact length.
+        skipping = layout.key not in self._gen_seen and self.model.attention.gen_skips_rows(self.model.device, tokens)
+        self._gen_now.add(layout.key)
         rows = prefix_rows(cache.length) if skipping else cache.length
-        key = (layout.key._replace(und_len=rows), self._mode())
+        key = (layout.key._replace(und_len=rows), self._mode(), skipping)
         captured = self._graphs.get(key)
         if captured is None:
             captured = self._capture(key, layout, latents, step_t, cache, sound, skipping)

@@ -396,8 +396,9 @@ def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
 
 @pytest.mark.gpu
 def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_bucket():
-    """FA3's BF16 kernel skips the rows before a prompt: prompts of 5 to 128 tokens replay one graph (K/V rows 128),
-    129 tokens another (256), and every replay equals the eager pass over that prompt's own K/V."""
+    """FA3's BF16 kernel skips the rows before a prompt: in a job, prompts of 5 to 128 tokens replay one graph (K/V
+    rows 128), 129 tokens another (256); a length an earlier job ran gets a graph of its own; every replay equals
+    the eager pass over that prompt's own K/V."""
     pytest.importorskip("fa3_fwd_interface")
     from cosmos3.cuda_graphs import enable_cuda_graphs
 
@@ -411,7 +412,22 @@ def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_
     for order in (range(5), reversed(range(5))):
         for i in order:
             assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[i]), eager[i]), i
-    assert sorted(key[0].und_len for key in model.cuda_graphs._graphs) == [128, 256]
+    assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == [(128, True), (256, True)]
+    model.prepare_gen(tuple(latents.shape), None)  # the next job: 100 tokens ran before, 64 did not
+    new = model.encode_text(torch.randint(0, 128, (64,), device="cuda"))
+    assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
+    assert torch.equal(model.velocity(None, latents, 500.0, und_cache=new),
+                       _eager_velocity(model, latents, new))
+    assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == [(100, False), (128, True),
+                                                                                       (256, True)]
+
+
+def _eager_velocity(model, latents, cache):
+    graphs, model.cuda_graphs = model.cuda_graphs, None
+    try:
+        return model.velocity(None, latents, 500.0, und_cache=cache)
+    finally:
+        model.cuda_graphs = graphs
 
 
 @pytest.mark.gpu
