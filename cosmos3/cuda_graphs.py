@@ -2,10 +2,11 @@
 
 A Nano GEN step at 1,024 tokens is a few thousand small kernels; launching them from Python costs
 more than the maths. A graph is captured per (layout, UND K/V rows, step-precision mode): the inputs
-that change between calls — latents, timestep, the UND K/V of the branch and the GEN tokens' RoPE (which
-starts after the prompt) — are copied into the graph's static buffers before each replay (K/V are small:
-``[S_und, nkv, hd]`` per layer), so the cond and uncond branches of a render, and later renders of the same
-shape, reuse the graphs. The K/V copy is skipped while the graph's buffers already hold the cache passed in.
+that change between calls — latents, timestep, the UND K/V of the branch (and, in a bucket's graph below,
+the GEN tokens' RoPE, which starts after the prompt) — are copied into the graph's static buffers before each
+replay (K/V are small: ``[S_und, nkv, hd]`` per layer), so the cond and uncond branches of a render, and later
+renders of the same shape, reuse the graphs. The K/V copy is skipped while the graph's buffers already hold
+the cache passed in.
 
 Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
 prompt length no earlier job ran replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in
@@ -91,7 +92,7 @@ class _Captured:
     latents: torch.Tensor  # static inputs ...
     step_t: torch.Tensor
     cache: UndCache  # [rows, nkv, hd] a layer; ``skip`` set where the kernel skips rows
-    layout: GenLayout  # its cos/sin
+    layout: GenLayout  # its cos/sin (written in a bucket's graph)
     sound: torch.Tensor | None
     out: GenOutput  # ... and outputs, owned by the graph's pool
     holds: weakref.ref  # the UndCache whose K/V ``cache`` holds now (a weak reference: never kept alive)
@@ -201,9 +202,11 @@ class GenGraphs:
         static, live = [captured.latents, captured.step_t], [latents, step_t]
         if captured.holds() is not cache:  # caches are never written after encode_text
             held, start = captured.cache, rows - cache.length  # the prompt's rows are the last ones
-            static += [t[start:] for t in held.keys + held.values] + [captured.layout.cos, captured.layout.sin]
-            live += [*cache.keys, *cache.values, layout.cos, layout.sin]
-            if held.skip is not None:
+            static += [t[start:] for t in held.keys + held.values]
+            live += [*cache.keys, *cache.values]
+            if held.skip is not None:  # a bucket's graph: maybe another prompt length, so another RoPE start
+                static += [captured.layout.cos, captured.layout.sin]
+                live += [layout.cos, layout.sin]
                 held.skip.fill_(start)  # no host sync: a fill kernel queued before the replay
             captured.holds = weakref.ref(cache)
         if sound is not None:

@@ -125,13 +125,13 @@ def test_a_replay_copies_the_und_cache_only_when_the_graph_holds_another(ckpts, 
     again, n = step(cond, 400.0)
     assert n == 2
     swapped, n = step(other)
-    assert n == 4 + 2 * layers  # every layer's K and V, and the GEN tokens' RoPE tables (they follow the prompt)
+    assert n == 2 + 2 * layers  # every layer's K and V
     back, n = step(cond)
-    assert n == 4 + 2 * layers and torch.equal(back, first)
+    assert n == 2 + 2 * layers and torch.equal(back, first)
     del cond
     fresh = model.encode_text(COND.cuda())  # the same K/V in a new cache object: copied, never assumed
     _, n = step(fresh)
-    assert n == 4 + 2 * layers
+    assert n == 2 + 2 * layers
     eager = load_transformer(ckpts[0], device="cuda", dtype=torch.bfloat16)
     assert torch.equal(swapped, eager.velocity(None, latents, 500.0, und_cache=eager.encode_text(OTHER.cuda())))
     assert torch.equal(again, eager.velocity(None, latents, 400.0, und_cache=eager.encode_text(COND.cuda())))
