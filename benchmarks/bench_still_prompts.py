@@ -27,13 +27,21 @@ sys.path.insert(0, str(Path.cwd()))  # the tree it runs from, not this file's
 WORDS = "with glass towers reflecting an orange sky while ferries cross the bay".split()
 
 
-def main() -> None:
-    root, label, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def new_prompt(n: int) -> str:
+    """The benchmark's prompt with ``n * n`` more words: a new length for every ``n``."""
+    from benchmarks.bench_render import PROMPT
+
+    return f"{PROMPT}, {' '.join(WORDS[:n] * n)}"
+
+
+def still_renderer(root: Path):
+    """Issue 15's still on the Nano FP8 checkpoint under ``root``, as a farm GPU worker loads it: returns the
+    pipeline and ``render(prompt) -> (steps sum s, UND s)``."""
     from worker.gpu import configure_cuda_allocator
 
     configure_cuda_allocator()  # a farm GPU worker's allocator, set before torch touches CUDA
 
-    from benchmarks.bench_render import JOBS, PROMPT
+    from benchmarks.bench_render import JOBS
     from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 
     pipe = Cosmos3Pipeline.from_pretrained(root / "fp8", device="cuda", attention="fp8")
@@ -43,11 +51,19 @@ def main() -> None:
         timings = pipe(RenderRequest(prompt=prompt, width=1024, height=1024, **still)).timings
         return sum(timings["steps"]), timings["und"]
 
+    return pipe, render
+
+
+def main() -> None:
+    root, label, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    from benchmarks.bench_render import PROMPT
+
+    _, render = still_renderer(root)
     warm = [render(PROMPT)[0] for _ in range(2)]  # the shape's first still captures; the second replays
     print(f"{label}: warm-up (the benchmark's prompt) steps {warm[0]:.3f}, {warm[1]:.3f} s", flush=True)
     stills = []  # per prompt: (steps, UND) of its first, second and third still
     for n in range(1, count + 1):
-        prompt = f"{PROMPT}, {' '.join(WORDS[:n] * n)}"  # n * n more words: a new length each
+        prompt = new_prompt(n)
         stills.append([render(prompt) for _ in range(3)])
         print(f"{label}: prompt +{n * n} words: steps (UND) of its stills "
               + ", ".join(f"{steps:.3f} ({und:.3f})" for steps, und in stills[-1]), flush=True)

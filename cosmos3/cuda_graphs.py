@@ -9,13 +9,15 @@ renders of the same shape, reuse the graphs. The K/V copy is skipped while the g
 the cache passed in.
 
 Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
-prompt length no earlier job ran replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in
+prompt length no recent job ran replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in
 its UND rows and the rows before are skipped, so one graph serves every new prompt length of its bucket, and a farm
 rendering stills of ever new prompts replays graphs instead of capturing two a still (two extra forwards each).
-A length an earlier job ran (a negative prompt's, a repeated prompt's) gets a graph of its exact length, as every
-length does with other kernels: FA3's skipping kernel is its varlen build, ~8% slower a call at a still's size
-(benchmarks/results/h200-2026-12-03-session21.md). All GEN graphs share one memory pool; they never run
-concurrently and outputs are cloned out.
+A length one of the last ``RECENT_JOBS`` jobs ran (a negative prompt's, a repeated prompt's) gets a graph of its
+exact length, as every length does with other kernels: FA3's skipping kernel is its varlen build, ~8% slower a call
+at a still's size (benchmarks/results/h200-2026-12-03-session21.md). A length that ran longer ago replays the bucket
+again: in a farm of varied prompts nearly every length has run at some time, and a graph captured for one that
+returns only now and then is dropped (least recently used) before it pays for its capture. All GEN graphs share
+one memory pool; they never run concurrently and outputs are cloned out.
 
 The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
 fifth of the forward. Graphed W8A16 passes instead read the weights dequantized once
@@ -26,17 +28,19 @@ too long for graphs, which would gain nothing from it (a clip's W8A16 forward is
 
 A job's UND pass (once per CFG branch) is launch-bound too: ~1,700 small kernels a branch for a prompt of ~50
 tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-2026-12-02-session13.md). In short
-jobs, a prompt length's pass is captured the second time the length runs (that eager pass is the call's answer)
-and replayed after: a negative prompt's length repeats across a manifest's jobs, and so does a prompt template's,
-while a length seen once (most prompts) never pays for a capture. A UND graph has its own pool (its W8A16 passes'
-dequantized weights, one at a time), given back with the dequantized GEN weights before a long job.
+jobs, a prompt length's pass is captured when the length ran in one of the last ``2 x RECENT_JOBS`` UND passes
+(that eager pass is the call's answer) and replayed after: a negative prompt's length repeats in every job, and so
+does a prompt template's, while a length seen once, or only now and then (most prompts), never pays for a capture.
+A UND graph has its own pool (its W8A16 passes' dequantized weights, one at a time), given back with the
+dequantized GEN weights before a long job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,6 +64,10 @@ UND_GRAPHS = 8
 # prompt length, and the skipped rows (which attention_inputs copies with the prompt's, per layer) are fewer than
 # the prompt's own.
 MIN_PREFIX_ROWS = 128
+# How many jobs back a prompt length counts as recent (its graphs are captured): the exact graphs of this many
+# jobs' stills (cond and uncond, W8A16 and W8A8 steps: at most 2 + 2 x RECENT_JOBS) fit in the 16 graphs beside
+# the buckets', and prompts a manifest cycles through with a few seeds each are caught.
+RECENT_JOBS = 4
 
 
 def prefix_rows(length: int) -> int:
@@ -67,14 +75,28 @@ def prefix_rows(length: int) -> int:
     return max(MIN_PREFIX_ROWS, 1 << max(length - 1, 0).bit_length())
 
 
-def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 16) -> None:
+class Recent:
+    """The keys of the last ``rounds`` rounds (jobs, or UND passes), in bounded memory."""
+
+    def __init__(self, rounds: int):
+        self._rounds: deque[frozenset] = deque(maxlen=rounds)
+
+    def add(self, keys: Iterable[Hashable]) -> None:
+        """One round's keys; the oldest round is forgotten."""
+        self._rounds.append(frozenset(keys))
+
+    def __contains__(self, key: Hashable) -> bool:
+        return any(key in keys for keys in self._rounds)
+
+
+def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 16, recent_jobs: int = RECENT_JOBS) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
 
     A function here rather than a model method, so the model never imports this module (one direction only).
     """
     if model.device.type != "cuda":
         raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {model.device}")
-    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs)
+    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs, recent_jobs=recent_jobs)
 
 
 class Mode(NamedTuple):
@@ -107,15 +129,15 @@ class _CapturedUnd:
 
 
 class GenGraphs:
-    def __init__(self, model, *, max_graphs: int = 16):
+    def __init__(self, model, *, max_graphs: int = 16, recent_jobs: int = RECENT_JOBS):
         self.model = model
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._und_graphs: OrderedDict[int, _CapturedUnd] = OrderedDict()  # prompt length -> its UND pass
-        self._und_seen: set[int] = set()  # prompt lengths whose UND pass has run (a second run captures)
-        self._gen_seen: set[tuple] = set()  # GEN layouts of earlier jobs (they get graphs of their exact length)
-        self._gen_now: set[tuple] = set()  # ... and of this job
+        self._und_recent = Recent(2 * recent_jobs)  # prompt lengths of the last UND passes (a length in it captures)
+        self._gen_recent = Recent(recent_jobs)  # GEN layouts of the last jobs (they get graphs of their exact length)
+        self._gen_now: dict[tuple, bool] = {}  # this job's GEN layouts: whether each runs graphs of its exact length
         self._short_job = True  # whether the job prepare() last announced runs graphed
         self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
@@ -149,8 +171,8 @@ class GenGraphs:
         """Before a job whose GEN passes hold ``tokens`` tokens. Passes too long for graphs run eagerly, and so
         does such a job's UND pass: the dequantized weights, the graphs that read them and the UND graphs are
         dropped for it, and their memory goes back to the device before the job starts (its peak is its own)."""
-        self._gen_seen |= self._gen_now
-        self._gen_now = set()
+        self._gen_recent.add(self._gen_now)
+        self._gen_now = {}
         self._short_job = tokens <= GRAPH_MAX_TOKENS
         if self._short_job or (self.dequantized is None and not self._und_graphs):
             return
@@ -164,13 +186,13 @@ class GenGraphs:
 
     def und(self, ids: torch.Tensor) -> UndCache:
         """The UND pass over device ids ``[S]``: replayed from its length's graph, else eager (captured as well
-        when the length has run before)."""
+        when the length ran lately)."""
         length = ids.numel()
-        seen = length in self._und_seen
-        self._und_seen.add(length)
+        recent = length in self._und_recent
+        self._und_recent.add((length,))
         captured = self._und_graphs.get(length)
         if captured is None:
-            if self._short_job and seen and length > 0:
+            if self._short_job and recent and length > 0:
                 return self._capture_und(ids)
             return self.model.und(ids)
         self._und_graphs.move_to_end(length)
@@ -189,9 +211,12 @@ class GenGraphs:
             return self.model.gen(layout, latents, step_t, cache, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
-        # A bucket's graph for a prompt length no earlier job ran, where the kernel skips rows; else its exact length.
-        skipping = layout.key not in self._gen_seen and self.model.attention.gen_skips_rows(self.model.device, tokens)
-        self._gen_now.add(layout.key)
+        # A bucket's graph, where the kernel skips rows, for a prompt length no recent job ran; else its exact length.
+        # The layout's first pass in a job decides for the job.
+        exact = self._gen_now.get(layout.key)
+        if exact is None:
+            exact = self._gen_now[layout.key] = layout.key in self._gen_recent or self._has_exact(layout.key)
+        skipping = not exact and self.model.attention.gen_skips_rows(self.model.device, tokens)
         rows = prefix_rows(cache.length) if skipping else cache.length
         key = (layout.key._replace(und_len=rows), self._mode(), skipping)
         captured = self._graphs.get(key)
@@ -216,6 +241,10 @@ class GenGraphs:
         captured.graph.replay()
         out = captured.out
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
+
+    def _has_exact(self, layout_key) -> bool:
+        """Whether a graph of ``layout_key``'s exact prompt length is still held (from a job no longer recent)."""
+        return any(key[0] == layout_key and not key[2] for key in self._graphs)
 
     def _capture(self, key, layout, latents, step_t, cache, sound, skipping: bool) -> _Captured:
         if len(self._graphs) >= self.max_graphs:

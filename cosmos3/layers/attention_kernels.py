@@ -274,6 +274,7 @@ class _Fa3Family:
     min_queries = CudnnFp8Kernel.min_queries
     head_dims: tuple[int, ...] = ()
     skips_rows = False  # whether ``skipping`` runs (Fa3Kernel's BF16 kernel)
+    skip_failure: str | None = None  # why ``skipping`` could not run here, where it should have
 
     def __call__(self, q, k, v, *, causal: bool) -> torch.Tensor:
         if not self.fp8:
@@ -295,8 +296,8 @@ class _Fa3Family:
             except Exception as err:  # noqa: BLE001 - a build without FA3's varlen kernels, say
                 # Still the fastest kernel; CUDA graphs then hold one prompt length each.
                 self.skips_rows = False
-                log.warning("attention kernel cannot skip K/V rows here", kernel=self.name,
-                            reason=f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}")
+                self.skip_failure = _first_line(err)
+                log.warning("attention kernel cannot skip K/V rows here", kernel=self.name, reason=self.skip_failure)
 
 
 class Fa3Kernel(_Fa3Family):
@@ -395,6 +396,11 @@ def fp8_kernel_names(device_type: str, capability: tuple[int, int] | None, cudnn
     return names
 
 
+def _first_line(err: Exception) -> str:
+    """``Type: first line of the message`` (at most 200 characters of it), for logs and sidecars."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+
+
 def _device_facts(device: torch.device) -> tuple[str, tuple[int, int] | None]:
     if device.type != "cuda":
         return device.type, None
@@ -437,7 +443,8 @@ class AttentionKernels:
         self.head_dim = head_dim
         self.precise = False
         self._kernels: dict[tuple, object] = {}
-        self._passed_over: dict[str, str] = {}  # kernel name -> why it cannot run here (a faster one, skipped)
+        # kernel name -> why it cannot run here (a faster one, skipped); "NAME row skipping" -> why NAME runs without
+        self._passed_over: dict[str, str] = {}
 
     def use(self, choice: str) -> None:
         """Switch a loaded model's choice (benchmarks compare kernels on one set of weights)."""
@@ -513,10 +520,11 @@ class AttentionKernels:
                 kernel = _make_kernel(name)
                 if hasattr(kernel, "prepare"):
                     kernel.prepare(device, self.head_dim)
+                if getattr(kernel, "skip_failure", None):  # it runs, but its graphs hold one prompt length each
+                    self._passed_over[f"{kernel.name} row skipping"] = kernel.skip_failure
                 return kernel
             except Exception as err:  # noqa: BLE001 - an import, JIT or library failure of any type
-                first_line = (str(err).splitlines() or [""])[0]
-                self._passed_over[name] = f"{type(err).__name__}: {first_line[:200]}"
+                self._passed_over[name] = _first_line(err)
                 log.warning("attention kernel unavailable here", kernel=name, reason=self._passed_over[name])
         raise ConfigError(f"attention={self.choice!r}: no kernel runs on {device}: "
                           + "; ".join(f"{name}: {self._passed_over[name]}" for name in names)

@@ -135,6 +135,27 @@ def test_a_kernel_that_cannot_build_here_is_passed_over_and_recorded():
         AttentionKernels("fp8")._first_that_runs(["flashinfer-fa3-fp8"], torch.device("cpu"))
 
 
+def test_an_fa3_build_that_cannot_skip_rows_still_runs_and_says_so(monkeypatch):
+    """A kernel of FA3's family whose row-skipping call fails at load is kept (the fastest), runs without
+    skipping (graphs then hold one prompt length each), and describe() names what it passed over and why."""
+    from cosmos3.layers import attention_kernels
+
+    class NoVarlen(attention_kernels._Fa3Family):
+        head_dims, fp8, name, skips_rows = (128,), False, "fa3", True
+
+        def _bf16(self, q, k, v, causal):  # [S, heads, hd], as FA3 returns it
+            return exact_attention(q, k, v, causal=causal).view(q.shape)
+
+        def skipping(self, q, k, v, skip):
+            raise RuntimeError("this build has no varlen kernels\nsecond line")
+
+    monkeypatch.setattr(attention_kernels, "_make_kernel", lambda name: NoVarlen())
+    kernels = AttentionKernels("auto")
+    assert kernels.describe("cpu")["passed_over"] == {
+        "fa3 row skipping": "RuntimeError: this build has no varlen kernels"}
+    assert not kernels.gen_skips_rows("cpu", 256)
+
+
 def test_precise_steps_run_bf16_attention():
     kernels = AttentionKernels("fp8")
     assert kernels.gen_kernel("cpu", 64) == "fp8-reference"
@@ -397,10 +418,10 @@ def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
 @pytest.mark.gpu
 def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_bucket():
     """FA3's BF16 kernel skips the rows before a prompt: in a job, prompts of 5 to 128 tokens replay one graph (K/V
-    rows 128), 129 tokens another (256); a length an earlier job ran gets a graph of its own; every replay equals
-    the eager pass over that prompt's own K/V."""
+    rows 128), 129 tokens another (256); a length one of the last jobs ran gets a graph of its own, one that ran
+    longer ago the bucket again; every replay equals the eager pass over that prompt's own K/V."""
     pytest.importorskip("fa3_fwd_interface")
-    from cosmos3.cuda_graphs import enable_cuda_graphs
+    from cosmos3.cuda_graphs import RECENT_JOBS, enable_cuda_graphs
 
     torch.manual_seed(0)
     model = _small_model()
@@ -420,6 +441,22 @@ def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_
                        _eager_velocity(model, latents, new))
     assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == [(100, False), (128, True),
                                                                                        (256, True)]
+    for _ in range(RECENT_JOBS):  # jobs of 100 tokens only, until the first job (37 tokens among them) is not recent
+        model.prepare_gen(tuple(latents.shape), None)
+        assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
+    assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[2]), eager[2])
+    assert len(model.cuda_graphs._graphs) == 3  # 37 tokens replayed the bucket: no graph of its own
+
+
+def test_recent_forgets_a_round_once_as_many_newer_ones_came():
+    from cosmos3.cuda_graphs import Recent
+
+    recent = Recent(2)
+    recent.add({"a", "b"})
+    recent.add(set())
+    assert "a" in recent and "b" in recent and "c" not in recent
+    recent.add({"c"})
+    assert "a" not in recent and "b" not in recent and "c" in recent
 
 
 def _eager_velocity(model, latents, cache):
