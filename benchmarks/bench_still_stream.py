@@ -13,7 +13,9 @@ forwards a graph) that the least-recently-used limit dropped again before that l
 The stream: ``--prompts`` prompts of distinct lengths, in ``--passes`` passes, each pass in its own shuffled
 order (seeded), so a length comes back after about ``--prompts`` other stills. Each round runs the stream once
 under each rule (the order alternating), each from fresh graphs after one warm-up still of another prompt. Prints
-each still's steps sum and the medians of the passes after the first (every length there has run before).
+each still's steps sum and the GPU memory reserved after it (a worker that renders for days must not grow), and the
+medians of the passes after the first (every length there has run before). Prompts past the eighth run over 128
+tokens, into the next bucket.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def main() -> None:
     print(f"GPU {torch.cuda.get_device_name()}; {len(order)} stills over {args.prompts} prompts of {lengths} tokens "
           f"(plus the resolution sentence), in the order {order}; RECENT_JOBS {RECENT_JOBS}", flush=True)
     later: dict[str, list[float]] = {rule: [] for rule in RULES}
+    reserved: dict[str, list[float]] = {rule: [] for rule in RULES}  # GiB after each stream: a long worker's memory
     for round_ in range(args.rounds):
         for rule in (list(RULES) if round_ % 2 == 0 else list(reversed(RULES))):
             pipe.model.cuda_graphs.prepare(GRAPH_MAX_TOKENS + 1)  # frees the held W8A16 weights and UND graphs
@@ -69,15 +72,23 @@ def main() -> None:
             enable_cuda_graphs(pipe.model, **({} if recent is None else {"recent_jobs": recent}))
             torch.cuda.empty_cache()
             render(PROMPT)  # the shape's buckets, the negative prompt's graphs, the held W8A16 weights
-            steps = [render(prompts[i])[0] for i in order]
+            steps, gib = [], []
+            for i in order:
+                steps.append(render(prompts[i])[0])
+                gib.append(torch.cuda.memory_reserved() / 2**30)
             later[rule] += steps[args.prompts:]
+            reserved[rule].append(gib[-1])
             print(f"round {round_ + 1}, {rule}: steps s " + ", ".join(f"{s:.3f}" for s in steps), flush=True)
+            print(f"round {round_ + 1}, {rule}: GiB reserved after each still " + ", ".join(f"{g:.2f}" for g in gib),
+                  flush=True)
     base = statistics.median(later[next(iter(RULES))])
-    print("| graph rule | stills after the first pass | median steps s | mean steps s | vs this tree |")
-    print("|---|---|---|---|---|")
+    print("| graph rule | stills after the first pass | median steps s | mean steps s | vs this tree "
+          "| GiB reserved at the end |")
+    print("|---|---|---|---|---|---|")
     for rule, steps in later.items():
         median = statistics.median(steps)
-        print(f"| {rule} | {len(steps)} | {median:.4f} | {statistics.fmean(steps):.4f} | {median / base:.3f}x |")
+        print(f"| {rule} | {len(steps)} | {median:.4f} | {statistics.fmean(steps):.4f} | {median / base:.3f}x "
+              f"| {', '.join(f'{g:.2f}' for g in reserved[rule])} |")
 
 
 if __name__ == "__main__":
