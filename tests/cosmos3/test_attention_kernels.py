@@ -419,7 +419,8 @@ def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
 def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_bucket():
     """FA3's BF16 kernel skips the rows before a prompt: in a job, prompts of 5 to 128 tokens replay one graph (K/V
     rows 128), 129 tokens another (256); a length one of the last jobs ran gets a graph of its own, one that ran
-    longer ago the bucket again; every replay equals the eager pass over that prompt's own K/V."""
+    longer ago the bucket again unless its own graph is still held; every replay equals the eager pass over that
+    prompt's own K/V."""
     pytest.importorskip("fa3_fwd_interface")
     from cosmos3.cuda_graphs import RECENT_JOBS, enable_cuda_graphs
 
@@ -446,6 +447,12 @@ def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_
         assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
     assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[2]), eager[2])
     assert len(model.cuda_graphs._graphs) == 3  # 37 tokens replayed the bucket: no graph of its own
+    for _ in range(RECENT_JOBS):  # jobs of 37 tokens only, until no recent job ran 100
+        model.prepare_gen(tuple(latents.shape), None)
+        assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[2]), eager[2])
+    assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
+    last = next(reversed(model.cuda_graphs._graphs))  # the graph replayed last
+    assert (last[0].und_len, last[2]) == (100, False)  # 100's exact graph is still held: it replays, not the bucket
 
 
 def test_recent_forgets_a_round_once_as_many_newer_ones_came():
