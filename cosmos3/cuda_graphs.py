@@ -31,8 +31,10 @@ tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-2026
 jobs, a prompt length's pass is captured when the length ran in one of the last ``2 x RECENT_JOBS`` UND passes
 (that eager pass is the call's answer) and replayed after: a negative prompt's length repeats in every job, and so
 does a prompt template's, while a length seen once, or only now and then (most prompts), never pays for a capture.
-A UND graph has its own pool (its W8A16 passes' dequantized weights, one at a time), given back with the
-dequantized GEN weights before a long job.
+UND graphs have no buckets: a bucket's rows would change the GEMMs' row count, and cuBLAS's BF16 GEMMs (the
+published policy's W8A16 UND linears) give other bits at some row counts (h200-2026-12-03-session22.md), so a
+prompt's K/V would depend on the graph that served it. A UND graph has its own pool (its W8A16 passes'
+dequantized weights, one at a time), given back with the dequantized GEN weights before a long job.
 """
 
 from __future__ import annotations
