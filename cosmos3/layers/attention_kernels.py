@@ -177,9 +177,6 @@ class CudnnFp8Kernel:
         out = plan.run(q8, k8, v8, sq, sk, sv, out_dtype=q.dtype)  # [Sq, nh*hd]
         return add_value_mean(out, v_mean, q.shape[1] // k.shape[1])
 
-    def describe(self) -> dict:
-        return {plan.key: plan.describe() for plan in self._plans.values()}
-
     def _handle(self, device: torch.device):
         if device.index not in self._handles:
             with torch.cuda.device(device):
@@ -259,9 +256,6 @@ class _CudnnFp8Plan:
         if not self.bf16_out:  # O was stored as O / sv; sv is a power of two, exact in bf16
             out = out.to(out_dtype) * sv.to(out_dtype)
         return out.reshape(q8.shape[0], -1).to(out_dtype)
-
-    def describe(self) -> dict:
-        return {"bf16_output": self.bf16_out, "expanded_kv": self.expand_kv}
 
 
 class _Fa3Family:
