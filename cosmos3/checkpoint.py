@@ -79,9 +79,6 @@ class CheckpointFiles:
         header = self.headers[key]
         return Stored(key, header.file, header.offset, _DTYPES[header.dtype], header.shape)
 
-    def dtype_of(self, key: str) -> torch.dtype:
-        return _DTYPES[self.headers[key].dtype]
-
     def shape_of(self, key: str) -> tuple[int, ...]:
         return self.headers[key].shape
 
@@ -109,9 +106,6 @@ class TensorDict:
 
     def close(self) -> None:
         """Nothing reads: nothing to stop."""
-
-    def dtype_of(self, key: str) -> torch.dtype:
-        return self._tensors[key].dtype
 
     def shape_of(self, key: str) -> tuple[int, ...]:
         return tuple(self._tensors[key].shape)

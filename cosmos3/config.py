@@ -149,10 +149,6 @@ class Cosmos3Config:
     quantization: QuantConfig | None = None
     extra: dict = field(default_factory=dict, compare=False)  # keys we read but do not use
 
-    @property
-    def num_kv_groups(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
     @classmethod
     def from_dict(cls, raw: dict) -> Cosmos3Config:
         if not isinstance(raw, dict):

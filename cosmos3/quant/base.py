@@ -20,9 +20,6 @@ ShardTensors = dict[str, dict[str, torch.Tensor]]
 
 
 class LinearMethod(ABC):
-    #: Activations stay 16-bit. Sharing sites (shared QKV / gate-up quantization, swiglu's FP8
-    #: output) consult this and stand down when any member runs high precision.
-    high_precision: bool = True
     #: Accepts an FP8 activation quantized once for a group (static W8A8 only).
     shares_input_quant: bool = False
 

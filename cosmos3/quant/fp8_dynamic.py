@@ -20,8 +20,6 @@ def per_tensor_scale(t: torch.Tensor) -> torch.Tensor:
 
 
 class DynamicFP8LinearMethod(LinearMethod):
-    high_precision = False
-
     def create_weights(self, layer, dtype):
         layer.weight = torch.nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=FP8), False)
         layer.weight_scale = torch.nn.Parameter(torch.empty(1, dtype=torch.float32), False)

@@ -48,7 +48,6 @@ def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_d
 
 
 class StaticFP8LinearMethod(LinearMethod):
-    high_precision = False
     shares_input_quant = True
 
     def create_weights(self, layer, dtype):

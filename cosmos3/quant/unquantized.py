@@ -9,8 +9,6 @@ from cosmos3.quant.base import LinearMethod, ShardTensors
 
 
 class UnquantizedLinearMethod(LinearMethod):
-    high_precision = True
-
     def create_weights(self, layer, dtype):
         layer.weight = torch.nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=dtype), False)
         if layer.has_bias:

@@ -30,7 +30,6 @@ def dequantize(layer, dtype: torch.dtype) -> torch.Tensor:
 class W8A16LinearMethod(StaticFP8LinearMethod):
     """Same tensors as static FP8 (it is a different way to compute the same layer)."""
 
-    high_precision = True
     shares_input_quant = False
 
     def fp8_output_scale(self, layer):
