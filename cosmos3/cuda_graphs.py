@@ -223,7 +223,9 @@ class GenGraphs:
         key = (layout.key._replace(und_len=rows), self._mode(), skipping)
         captured = self._graphs.get(key)
         if captured is None:
-            captured = self._capture(key, layout, latents, step_t, cache, sound, skipping)
+            if len(self._graphs) >= self.max_graphs:
+                self._graphs.popitem(last=False)
+            captured = self._graphs[key] = self._capture(key, layout, latents, step_t, cache, sound, skipping)
         self._graphs.move_to_end(key)
         # One foreach copy: a few multi-tensor kernels for the inputs and every layer's UND K/V, not 2 + 2 x layers
         static, live = [captured.latents, captured.step_t], [latents, step_t]
@@ -249,8 +251,6 @@ class GenGraphs:
         return any(key[0] == layout_key and not key[2] for key in self._graphs)
 
     def _capture(self, key, layout, latents, step_t, cache, sound, skipping: bool) -> _Captured:
-        if len(self._graphs) >= self.max_graphs:
-            self._graphs.popitem(last=False)
         rows = key[0].und_len
         start = rows - cache.length
 
@@ -272,9 +272,7 @@ class GenGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out = self.model.gen(static_layout, *inputs)
-        captured = _Captured(graph, inputs[0], inputs[1], static, static_layout, inputs[3], out, weakref.ref(cache))
-        self._graphs[key] = captured
-        return captured
+        return _Captured(graph, inputs[0], inputs[1], static, static_layout, inputs[3], out, weakref.ref(cache))
 
     def _capture_und(self, ids: torch.Tensor) -> UndCache:
         """Runs the UND pass eagerly (also the warm-up a capture needs: lazy library init must not happen in

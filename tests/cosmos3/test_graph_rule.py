@@ -1,0 +1,86 @@
+"""Which CUDA graph a short GEN pass replays, and when one is captured, over a farm's stream of jobs: the rule of
+``cosmos3.cuda_graphs.GenGraphs`` on the CPU, the capture itself faked (the GPU tests check what graphs compute)."""
+
+from __future__ import annotations
+
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cosmos3.cuda_graphs import RECENT_JOBS, GenGraphs, _Captured
+from cosmos3.transformer import GenLayout, GenOutput, LayoutKey, UndCache
+
+TOKENS, HEAD_DIM, NEGATIVE = 16, 4, 7  # GEN tokens of the fake still; the negative prompt's length
+
+
+def _layout(length: int) -> GenLayout:
+    key = LayoutKey((1, 1, 4, 4), length, None, (), None)
+    table = torch.zeros(TOKENS, HEAD_DIM)
+    return GenLayout(key, (1, 1, 4, 4), (1, 4, 4), torch.zeros(1, dtype=torch.long), table, table.clone())
+
+
+def _cache(length: int) -> UndCache:
+    return UndCache([torch.zeros(length, 1, HEAD_DIM)], [torch.zeros(length, 1, HEAD_DIM)], length)
+
+
+def _fake_capture(captures: list):
+    """GenGraphs._capture without CUDA: the static buffers a real capture makes, a graph that does nothing."""
+    def capture(key, layout, latents, step_t, cache, sound, skipping):
+        captures.append(key)
+        rows = key[0].und_len
+        skip = torch.zeros(1, dtype=torch.int32) if skipping else None
+        static = UndCache([torch.zeros(rows, 1, HEAD_DIM)], [torch.zeros(rows, 1, HEAD_DIM)], rows, skip)
+        return _Captured(SimpleNamespace(replay=lambda: None), latents.clone(), step_t.clone(), static, layout, None,
+                         GenOutput(torch.zeros(1)), weakref.ref(cache))
+    return capture
+
+
+class Farm:
+    """A worker's GenGraphs fed jobs as the pipeline feeds them: ``prepare`` at each job's start, then passes of
+    both CFG branches in two modes (a step policy's W8A16 steps and W8A8 steps are different graphs)."""
+
+    def __init__(self, monkeypatch, **options):
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+        self.attention = SimpleNamespace(fp8_active=False, gen_skips_rows=lambda device, tokens: True)
+        model = SimpleNamespace(device=torch.device("cpu"), step_controller=None, attention=self.attention)
+        self.graphs = GenGraphs(model, **options)
+        self.captures: list[tuple] = []
+        monkeypatch.setattr(self.graphs, "_capture", _fake_capture(self.captures))
+        self.negative = _cache(NEGATIVE)
+
+    def job(self, length: int) -> list[tuple]:
+        """One still with a prompt of ``length`` tokens; returns the keys it captured."""
+        before = len(self.captures)
+        self.graphs.prepare(TOKENS)
+        prompt = _cache(length)
+        for fp8 in (False, True, False):  # edge steps, middle steps, edge steps
+            self.attention.fp8_active = fp8
+            for cache in (prompt, self.negative):
+                self.graphs.run(_layout(cache.length), torch.zeros(1), torch.zeros(1), cache, None)
+        assert len(self.graphs._graphs) <= self.graphs.max_graphs
+        return self.captures[before:]
+
+
+def test_a_prompt_run_again_captures_its_own_graphs_once(monkeypatch):
+    farm = Farm(monkeypatch)
+    first, second, third = (farm.job(40) for _ in range(3))
+    assert [(key[0].und_len, key[2]) for key in first] == [(128, True)] * 2  # one bucket graph a mode, both branches
+    assert sorted((key[0].und_len, key[2]) for key in second) == [(NEGATIVE, False)] * 2 + [(40, False)] * 2
+    assert third == []
+
+
+@pytest.mark.parametrize("prompts", [RECENT_JOBS + 1, 12])
+def test_lengths_back_after_more_than_the_recent_jobs_capture_nothing(monkeypatch, prompts):
+    """A farm of varied prompts: every length comes back, but only after more jobs than RECENT_JOBS. After the
+    first two jobs (the bucket's graphs, then the negative prompt's own) no still captures. Under the rule that
+    gave every length an earlier job ran its own graphs, every still of the second pass captured two."""
+    lengths = [10 + 5 * i for i in range(prompts)]
+    farm = Farm(monkeypatch)
+    captured = [len(farm.job(n)) for n in lengths * 3]
+    assert captured == [2, 2] + [0] * (3 * prompts - 2)
+
+    every_earlier = Farm(monkeypatch, recent_jobs=10**9)
+    second_pass = [len(every_earlier.job(n)) for n in lengths * 2][prompts:]
+    assert second_pass == [2] * prompts
