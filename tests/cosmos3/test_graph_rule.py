@@ -39,7 +39,8 @@ def _fake_capture(captures: list):
 
 class Farm:
     """A worker's GenGraphs fed jobs as the pipeline feeds them: ``prepare`` at each job's start, then passes of
-    both CFG branches in two modes (a step policy's W8A16 steps and W8A8 steps are different graphs)."""
+    both CFG branches in two modes, as a step policy's edge and middle steps are (here the mode's attention flag
+    tells them apart; no step controller)."""
 
     def __init__(self, monkeypatch, **options):
         monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
