@@ -30,8 +30,6 @@ sys.path.insert(0, str(Path.cwd()))
 
 from benchmarks.bench_still_prompts import new_prompt, still_renderer  # noqa: E402
 
-RULES = {"recent jobs (this tree)": None, "any earlier job (before)": 10**9}  # recent_jobs; None: the default
-
 
 def stream_order(prompts: int, passes: int) -> list[int]:
     """Prompt indices: ``passes`` passes over ``prompts`` prompts, each pass shuffled on its own (seeded)."""
@@ -57,19 +55,19 @@ def main() -> None:
     from benchmarks.bench_render import PROMPT
     from cosmos3.cuda_graphs import GRAPH_MAX_TOKENS, RECENT_JOBS, enable_cuda_graphs
 
+    rules = {"recent jobs (this tree)": RECENT_JOBS, "any earlier job (before)": 10**9}  # name -> recent_jobs
     pipe, render = still_renderer(args.root)
     prompts = [new_prompt(n) for n in range(1, args.prompts + 1)]
     order = stream_order(args.prompts, args.passes)
     lengths = [len(pipe.tokenizer.encode(p, "image")) for p in prompts]  # before the metadata sentence
     print(f"GPU {torch.cuda.get_device_name()}; {len(order)} stills over {args.prompts} prompts of {lengths} tokens "
           f"(plus the resolution sentence), in the order {order}; RECENT_JOBS {RECENT_JOBS}", flush=True)
-    later: dict[str, list[float]] = {rule: [] for rule in RULES}
-    reserved: dict[str, list[float]] = {rule: [] for rule in RULES}  # GiB after each stream: a long worker's memory
+    later: dict[str, list[float]] = {rule: [] for rule in rules}
+    reserved: dict[str, list[float]] = {rule: [] for rule in rules}  # GiB after each stream: a long worker's memory
     for round_ in range(args.rounds):
-        for rule in (list(RULES) if round_ % 2 == 0 else list(reversed(RULES))):
+        for rule in (list(rules) if round_ % 2 == 0 else list(reversed(rules))):
             pipe.model.cuda_graphs.prepare(GRAPH_MAX_TOKENS + 1)  # frees the held W8A16 weights and UND graphs
-            recent = RULES[rule]
-            enable_cuda_graphs(pipe.model, **({} if recent is None else {"recent_jobs": recent}))
+            enable_cuda_graphs(pipe.model, recent_jobs=rules[rule])
             torch.cuda.empty_cache()
             render(PROMPT)  # the shape's buckets, the negative prompt's graphs, the held W8A16 weights
             steps, gib = [], []
@@ -81,7 +79,7 @@ def main() -> None:
             print(f"round {round_ + 1}, {rule}: steps s " + ", ".join(f"{s:.3f}" for s in steps), flush=True)
             print(f"round {round_ + 1}, {rule}: GiB reserved after each still " + ", ".join(f"{g:.2f}" for g in gib),
                   flush=True)
-    base = statistics.median(later[next(iter(RULES))])
+    base = statistics.median(later[next(iter(rules))])
     print("| graph rule | stills after the first pass | median steps s | mean steps s | vs this tree "
           "| GiB reserved at the end |")
     print("|---|---|---|---|---|---|")

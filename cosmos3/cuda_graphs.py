@@ -66,8 +66,10 @@ UND_GRAPHS = 8
 # prompt length, and the skipped rows (which attention_inputs copies with the prompt's, per layer) are fewer than
 # the prompt's own.
 MIN_PREFIX_ROWS = 128
+# GEN graphs held at once (least recently used dropped first).
+MAX_GRAPHS = 16
 # How many jobs back a prompt length counts as recent (its graphs are captured): the exact graphs of this many
-# jobs' stills (cond and uncond, W8A16 and W8A8 steps: at most 2 + 2 x RECENT_JOBS) fit in the 16 graphs beside
+# jobs' stills (cond and uncond, W8A16 and W8A8 steps: at most 2 + 2 x RECENT_JOBS) fit in MAX_GRAPHS beside
 # the buckets', and prompts a manifest cycles through with a few seeds each are caught.
 RECENT_JOBS = 4
 
@@ -91,7 +93,8 @@ class Recent:
         return any(key in keys for keys in self._rounds)
 
 
-def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = 16, recent_jobs: int = RECENT_JOBS) -> None:
+def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = MAX_GRAPHS,
+                       recent_jobs: int = RECENT_JOBS) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
 
     A function here rather than a model method, so the model never imports this module (one direction only).
@@ -131,7 +134,7 @@ class _CapturedUnd:
 
 
 class GenGraphs:
-    def __init__(self, model, *, max_graphs: int = 16, recent_jobs: int = RECENT_JOBS):
+    def __init__(self, model, *, max_graphs: int = MAX_GRAPHS, recent_jobs: int = RECENT_JOBS):
         self.model = model
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
