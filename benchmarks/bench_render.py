@@ -4,6 +4,7 @@ Steps (each fits one device call; run them on one machine, in this order):
 
     python benchmarks/bench_render.py write --root /tmp/nano                # fp8/ (and bf16/ if the disk allows)
     python benchmarks/bench_render.py farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
+    python benchmarks/bench_render.py farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
     python benchmarks/bench_render.py diffusers --root /tmp/nano --steps 3 --out $OUT
     python benchmarks/bench_render.py report $OUT/*.json > results.md
 
@@ -11,7 +12,10 @@ Steps (each fits one device call; run them on one machine, in this order):
 ``farm`` renders the issue's manifest with ``python -m farm submit`` (a fresh worker: its start is the
 warm start, ops built, its big imports byte-compiled as pip leaves them, checkpoint on local disk, page cache
 dropped first with ``--drop-caches``),
-then turns every job's sidecar into a table. ``diffusers`` runs ``Cosmos3OmniPipeline`` on the BF16
+then turns every job's sidecar into a table. ``--stills N`` adds a farm's stream of issue 15's stills: N of
+them over ``--prompts`` prompts of varied lengths, each prompt with a few seeds, shuffled, so a prompt length comes
+back now and then as in a studio's day; the report gives the distribution of their denoising times, split by
+what each still's CUDA graphs did (sidecar ``cuda_graphs``). ``diffusers`` runs ``Cosmos3OmniPipeline`` on the BF16
 variant (the same weights, dequantized) for a few steps of the T2V job: per-step time and peak memory.
 ``report`` prints the tables and the targets of issue 15 from the saved JSON.
 """
@@ -97,13 +101,47 @@ def do_write(args) -> dict:
 # -- farm ------------------------------------------------------------------------------------------
 
 
-def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str], attention: str = "auto") -> Path:
+def issue_jobs(names: list[str]) -> list[dict]:
+    """Issue 15's jobs ``JOBS[name]`` as manifest entries, with ``PROMPT``."""
+    return [{**JOBS[name], "prompt": PROMPT} for name in names]
+
+
+# Words a stream's prompts add to PROMPT (one to two tokens each).
+STREAM_WORDS = ("with glass towers reflecting an orange sky while ferries cross the bay under low clouds as gulls "
+                "circle the old lighthouse and rain begins to fall on the quiet promenade").split()
+
+
+STREAM_PREFIX = "still-"  # a stream still's job id
+
+
+def stream_jobs(stills: int, prompts: int) -> list[dict]:
+    """``stills`` of issue 15's T2I over ``prompts`` prompts of ``PROMPT`` plus 0 to 119 words (seeded): the prompts
+    in shuffled passes, a new seed each pass, so a prompt's length comes back after about ``prompts`` stills. The
+    lengths span the 128- and 256-row buckets of cuda_graphs.prefix_rows."""
+    import random
+
+    from benchmarks.bench_still_stream import stream_order
+
+    rng = random.Random(15)
+    texts = [" ".join([PROMPT + ","] + rng.choices(STREAM_WORDS, k=rng.randrange(120))) for _ in range(prompts)]
+    order = stream_order(prompts, -(-stills // prompts))[:stills]
+    seen = dict.fromkeys(range(prompts), 0)
+    jobs = []
+    for i, n in enumerate(order):
+        seen[n] += 1
+        jobs.append({**JOBS["t2i"], "id": f"{STREAM_PREFIX}{i:03d}", "prompt": texts[n], "seed": seen[n],
+                     "priority": 0})
+    return jobs
+
+
+def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[dict], attention: str = "auto") -> Path:
+    """A manifest of ``jobs`` (manifest entries: ``issue_jobs``, ``stream_jobs``) on the checkpoint."""
     import imageio.v3 as iio
     import numpy as np
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
-    if "i2v" in jobs:
+    if any(job["task"] == "i2v" for job in jobs):
         (folder / "inputs").mkdir(exist_ok=True)
         frame = np.random.default_rng(0).integers(0, 256, size=(720, 1280, 3), dtype=np.uint8)
         iio.imwrite(folder / "inputs" / "frame.png", frame)
@@ -113,7 +151,7 @@ def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[str]
                   "attention": attention},
         "output": {"root": str(folder / "renders"), "path": "{task}/{id}"},
         "defaults": {"retries": 0, "timeout": "20m", "fps": 24},
-        "jobs": [{**JOBS[j], "prompt": PROMPT} for j in jobs],
+        "jobs": jobs,
     }
     path = folder / "manifest.yaml"
     path.write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -164,9 +202,12 @@ def compile_bytecode() -> float:
 
 
 def _collect(folder: Path, out: Path, variant: str, stop: threading.Event) -> None:
-    """Copies each sidecar to ``out`` as soon as it is published: a run cut short still reports its jobs."""
+    """Copies each sidecar of issue 15's jobs to ``out`` as soon as it is published: a run cut short still reports
+    its jobs (a stream's stills are many: they are in the run's JSON only)."""
     while not stop.wait(5.0):
         for sidecar in (folder / "renders").glob("*/*.json"):
+            if sidecar.name.startswith(STREAM_PREFIX):
+                continue
             shutil.copyfile(sidecar, out / f"sidecar-{variant}-{sidecar.parent.name}.json")
 
 
@@ -174,7 +215,7 @@ def do_farm(args) -> dict:
     checkpoint = args.root / args.variant
     folder = args.root / f"run-{args.variant}-{args.attention}"
     shutil.rmtree(folder, ignore_errors=True)
-    jobs = args.jobs.split(",")
+    jobs = issue_jobs([name for name in args.jobs.split(",") if name]) + stream_jobs(args.stills, args.prompts)
     manifest = write_manifest(folder, checkpoint, args.variant, jobs, args.attention)
     compiled = compile_bytecode()
     waited = wait_for_idle_gpu()
@@ -192,11 +233,11 @@ def do_farm(args) -> dict:
     print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", flush=True)
     sidecars = {}
     for job in jobs:
-        media = folder / "renders" / JOBS[job]["task"] / (job + (".png" if JOBS[job]["task"] == "t2i" else ".mp4"))
+        media = folder / "renders" / job["task"] / (job["id"] + (".png" if job["task"] == "t2i" else ".mp4"))
         sidecar = Path(f"{media}.json")
         if sidecar.is_file():
-            sidecars[job] = json.loads(sidecar.read_text())
-            sidecars[job]["media"]["size_on_disk"] = media.stat().st_size
+            sidecars[job["id"]] = json.loads(sidecar.read_text())
+            sidecars[job["id"]]["media"]["size_on_disk"] = media.stat().st_size
     summaries = sorted((folder / "renders" / ".farm").glob("*/runs/*.json"))
     return {"kind": "farm", "machine": machine(), "variant": args.variant, "attention": args.attention,
             "command": " ".join(command),
@@ -407,6 +448,71 @@ def targets(farm: dict, diffusers: dict | None, bf16: dict | None) -> list[str]:
     return lines + [""]
 
 
+def _spread(values: list[float], digits: int = 3) -> str:
+    """median / mean / 10th and 90th percentile / min / max of ``values``."""
+    deciles = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+    return " / ".join(f"{v:.{digits}f}" for v in (statistics.median(values), statistics.mean(values), deciles[0],
+                                                  deciles[-1], min(values), max(values)))
+
+
+def _graph_use(record: dict) -> str:
+    """What a still's GEN passes ran on (sidecar ``cuda_graphs``; the negative prompt's passes, in every job, run
+    graphs of its exact length)."""
+    graphs = record.get("cuda_graphs")
+    if not graphs:
+        return "no graphs"
+    if graphs["gen_captured"]:
+        return "captured GEN graphs"
+    return "replayed a bucket's graphs" if graphs["gen_bucket"] else "replayed exact-length graphs"
+
+
+def stream_tables(farm: dict) -> list[str]:
+    """The stream's stills (``--stills``): their denoising times, and which graphs they ran on."""
+    stills = [record for job, record in farm["sidecars"].items() if job.startswith(STREAM_PREFIX)]
+    if not stills:
+        return []
+    stills.sort(key=lambda record: record["started"])
+    sums = [sum(record["timings"]["steps"]) for record in stills]
+    span = stills[-1]["finished"] - stills[0]["started"]
+    prompts = len({record["job"]["request"]["prompt"] for record in stills})
+    lines = [f"### A stream of {len(stills)} stills over {prompts} prompts (issue 15's T2I, 1024x1024, 50 steps)", "",
+             "| figure | value |", "|---|---|",
+             f"| first still started to last one published | {span:.1f} s: {3600 * len(stills) / span:.0f} stills an "
+             "hour on one GPU |",
+             f"| denoising (steps sum) s: median / mean / p10 / p90 / min / max | {_spread(sums)} |",
+             f"| stills with <= 1.5 s of denoising | {sum(t <= 1.5 for t in sums)} of {len(stills)} |"]
+    for name, key in (("UND", "und"), ("VAE decode", "vae_decode"), ("pipeline total", "total"),
+                      ("publish (PNG + hash + fsync)", "publish")):
+        lines.append(f"| {name} s: median / mean / p10 / p90 / min / max | "
+                     f"{_spread([record['timings'][key] for record in stills])} |")
+    lines.append(f"| GPU-seconds a still: median / mean / p10 / p90 / min / max | "
+                 f"{_spread([record['gpu_seconds'] for record in stills if record['gpu_seconds'] is not None])} |")
+    telemetry = [record["gpu_telemetry"] for record in stills if (record.get("gpu_telemetry") or {}).get("samples")]
+    if telemetry:
+        lines.append(f"| SM clock MHz (a still's median): median over stills / lowest | "
+                     f"{statistics.median(t['sm_clock_mhz_median'] for t in telemetry):.0f} / "
+                     f"{min(t['sm_clock_mhz_min'] for t in telemetry):.0f} |")
+        lines.append(f"| power W (a still's mean): median over stills; power-capped share of samples | "
+                     f"{statistics.median(t['power_w_mean'] for t in telemetry):.0f}; "
+                     f"{100 * statistics.mean(t['power_capped_share'] for t in telemetry):.0f}% |")
+    reserved = [record["memory"]["peak_reserved_bytes"] for record in stills]
+    if reserved[0] is not None:
+        lines.append(f"| peak reserved GiB: first still / last still / most | {_gib(reserved[0])} / "
+                     f"{_gib(reserved[-1])} / {_gib(max(reserved))} |")
+    lines += ["", "| the still's GEN passes | stills | denoising s: median / mean / p10 / p90 / min / max |",
+              "|---|---|---|"]
+    by_use: dict[str, list[float]] = {}
+    for record, seconds in zip(stills, sums, strict=True):
+        by_use.setdefault(_graph_use(record), []).append(seconds)
+    lines += [f"| {use} | {len(times)} | {_spread(times)} |" for use, times in sorted(by_use.items())]
+    und = [(record.get("cuda_graphs") or {}).get("und_replayed", 0) for record in stills]
+    lines += ["", f"UND passes replayed from a graph: {sum(und)} of {2 * len(stills)} "
+              "(a prompt length's pass is captured once it recurs within the recent passes).", "",
+              "Denoising s of each still, in the order they ran:", "", "```"]
+    lines += [" ".join(f"{t:.3f}" for t in sums[i:i + 10]) for i in range(0, len(sums), 10)]
+    return lines + ["```", ""]
+
+
 def native_steps(record: dict) -> list[float]:
     """Steps the published policy runs W8A8 (not its first and last three, which run W8A16)."""
     steps = record["timings"]["steps"]
@@ -460,7 +566,9 @@ def do_report(args) -> None:
                       + ("" if compiled is None else f", bytecode compiled first ({compiled:.1f} s)")
                       + (f"; the worker compiled {', '.join(uncached)} as it started" if uncached else ""), ""]
             for job, record in r["sidecars"].items():
-                lines += job_table(job, record)
+                if not job.startswith(STREAM_PREFIX):
+                    lines += job_table(job, record)
+            lines += stream_tables(r)
         elif r["kind"] == "direct":
             lines += direct_tables(r)
         else:
@@ -487,7 +595,9 @@ def main() -> None:
     farm = sub.add_parser("farm")
     farm.add_argument("--root", type=Path, required=True)
     farm.add_argument("--variant", default="fp8")
-    farm.add_argument("--jobs", default="t2i,t2v,i2v")
+    farm.add_argument("--jobs", default="t2i,t2v,i2v", help="issue 15's jobs (JOBS), comma-separated; may be empty")
+    farm.add_argument("--stills", type=int, default=0, help="a stream of this many stills after them")
+    farm.add_argument("--prompts", type=int, default=50, help="the stream's prompts (each with several seeds)")
     farm.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
     farm.add_argument("--drop-caches", action="store_true")
     farm.add_argument("--out", type=Path, required=True)

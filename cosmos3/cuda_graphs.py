@@ -133,6 +133,20 @@ class _CapturedUnd:
     out: UndCache  # owned by the graph's pool
 
 
+@dataclass
+class JobGraphs:
+    """What one job's passes ran, counted a pass (the sidecar's ``cuda_graphs``): a slow still in a farm says
+    whether it paid for captures (two extra forwards each) or ran on graphs it found."""
+
+    gen_captured: int = 0  # GEN graphs captured in the job (its passes then replay them)
+    gen_exact: int = 0  # GEN passes replayed from a graph of the prompt's exact length
+    gen_bucket: int = 0  # GEN passes replayed from a bucket's graph (its kernel skips the rows before the prompt)
+    gen_eager: int = 0  # GEN passes too long for graphs
+    und_captured: int = 0  # UND passes captured (each runs eagerly too: its answer)
+    und_replayed: int = 0
+    und_eager: int = 0  # UND passes run eagerly and not captured
+
+
 class GenGraphs:
     def __init__(self, model, *, max_graphs: int = MAX_GRAPHS, recent_jobs: int = RECENT_JOBS):
         self.model = model
@@ -144,6 +158,7 @@ class GenGraphs:
         self._gen_recent = Recent(recent_jobs)  # GEN layouts of the last jobs (they get graphs of their exact length)
         self._gen_now: dict[tuple, bool] = {}  # this job's GEN layouts: whether each runs graphs of its exact length
         self._short_job = True  # whether the job prepare() last announced runs graphed
+        self.job = JobGraphs()  # the passes of the job prepare() last announced
         self.dequantized: DequantizedWeights | None = None  # the GEN weights W8A16 passes read, while held
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
 
@@ -178,6 +193,7 @@ class GenGraphs:
         dropped for it, and their memory goes back to the device before the job starts (its peak is its own)."""
         self._gen_recent.add(self._gen_now)
         self._gen_now = {}
+        self.job = JobGraphs()
         self._short_job = tokens <= GRAPH_MAX_TOKENS
         if self._short_job or (self.dequantized is None and not self._und_graphs):
             return
@@ -198,8 +214,11 @@ class GenGraphs:
         captured = self._und_graphs.get(length)
         if captured is None:
             if self._short_job and recent and length > 0:
+                self.job.und_captured += 1
                 return self._capture_und(ids)
+            self.job.und_eager += 1
             return self.model.und(ids)
+        self.job.und_replayed += 1
         self._und_graphs.move_to_end(length)
         captured.ids.copy_(ids)
         captured.graph.replay()
@@ -213,6 +232,7 @@ class GenGraphs:
             sound: torch.Tensor | None) -> GenOutput:
         tokens = layout.cos.shape[0]
         if tokens > GRAPH_MAX_TOKENS:
+            self.job.gen_eager += 1
             return self.model.gen(layout, latents, step_t, cache, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
@@ -229,7 +249,12 @@ class GenGraphs:
             if len(self._graphs) >= self.max_graphs:
                 self._graphs.popitem(last=False)
             captured = self._graphs[key] = self._capture(key, layout, latents, step_t, cache, sound, skipping)
+            self.job.gen_captured += 1
         self._graphs.move_to_end(key)
+        if skipping:
+            self.job.gen_bucket += 1
+        else:
+            self.job.gen_exact += 1
         # One foreach copy: a few multi-tensor kernels for the inputs and every layer's UND K/V, not 2 + 2 x layers
         static, live = [captured.latents, captured.step_t], [latents, step_t]
         if captured.holds() is not cache:  # caches are never written after encode_text

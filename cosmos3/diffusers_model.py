@@ -96,6 +96,7 @@ class DiffusersVelocity:
 
     precision = "diffusers"
     attention = _DiffusersAttention()
+    cuda_graphs = None  # diffusers' forward runs eagerly
 
     def __init__(self, model: Cosmos3OmniTransformer, config: Cosmos3Config):
         self.model = model

@@ -20,7 +20,7 @@ import copy
 import hashlib
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, NamedTuple, get_args
 
@@ -386,6 +386,8 @@ class Cosmos3Pipeline:
             "precision": self.model.precision,
             "step_policy": self.model.step_policy_info(),
             "attention": self.model.attention.describe(self.device),
+            # which graphs the job's passes replayed or captured (cuda_graphs.JobGraphs); None where none are
+            "cuda_graphs": None if self.model.cuda_graphs is None else asdict(self.model.cuda_graphs.job),
             "checkpoint": self.checkpoint,
             "scheduler": type(scheduler).__name__,
             "flow_shift": plan.flow_shift,

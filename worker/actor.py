@@ -37,7 +37,7 @@ class Output(Protocol):
     # seconds: {"vae_wait" (for a VAE built in the background; None where nothing is), "tokenize", "vae_encode"
     # (None without conditioning), "und", "steps": [...], "vae_decode", "total"}
     timings: dict
-    info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}}
+    info: dict  # {"precision": ..., "step_policy": ..., "checkpoint": {...}, "cuda_graphs": {...} or None}
     memory: dict  # peak GPU bytes, see MEMORY_FIELDS (None where they do not apply)
     sound: Any  # numpy float32 [channels, N], or None for a silent render
     sampling_rate: int | None  # Hz of `sound`
@@ -226,6 +226,7 @@ class RenderWorker:
             "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
             "gpu_seconds": kept.rendered - kept.started if self._gpu else None,  # the GPU is free once rendered
             "gpu_telemetry": kept.telemetry,
+            "cuda_graphs": output.info.get("cuda_graphs"),  # a job's graph captures and replays (GPU jobs)
             "worker_start": self._worker_start(),
         }
         record = storage.sidecar_record(

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cosmos3.cuda_graphs import RECENT_JOBS, GenGraphs, _Captured
+from cosmos3.cuda_graphs import RECENT_JOBS, GenGraphs, JobGraphs, _Captured, _CapturedUnd
 from cosmos3.transformer import GenLayout, GenOutput, LayoutKey, UndCache
 
 TOKENS, HEAD_DIM, NEGATIVE = 16, 4, 7  # GEN tokens of the fake still; the negative prompt's length
@@ -48,6 +48,7 @@ class Farm:
         model = SimpleNamespace(device=torch.device("cpu"), step_controller=None, attention=self.attention)
         self.graphs = GenGraphs(model, **options)
         self.captures: list[tuple] = []
+        self.counted: list[JobGraphs] = []  # each job's counts, as its sidecar carries them
         monkeypatch.setattr(self.graphs, "_capture", _fake_capture(self.captures))
         self.negative = _cache(NEGATIVE)
 
@@ -61,6 +62,7 @@ class Farm:
             for cache in (prompt, self.negative):
                 self.graphs.run(_layout(cache.length), torch.zeros(1), torch.zeros(1), cache, None)
         assert len(self.graphs._graphs) <= self.graphs.max_graphs
+        self.counted.append(self.graphs.job)
         return self.captures[before:]
 
 
@@ -70,6 +72,31 @@ def test_a_prompt_run_again_captures_its_own_graphs_once(monkeypatch):
     assert [(key[0].und_len, key[2]) for key in first] == [(128, True)] * 2  # one bucket graph a mode, both branches
     assert sorted((key[0].und_len, key[2]) for key in second) == [(NEGATIVE, False)] * 2 + [(40, False)] * 2
     assert third == []
+    # What each still's sidecar says: (GEN graphs captured, passes on exact-length graphs, passes on a bucket's)
+    assert [(c.gen_captured, c.gen_exact, c.gen_bucket, c.gen_eager) for c in farm.counted] == [
+        (2, 0, 6, 0), (4, 6, 0, 0), (0, 6, 0, 0)]
+
+
+def test_a_jobs_und_passes_are_counted_as_they_ran(monkeypatch):
+    """A length's UND pass runs eagerly, is captured the next time it comes within the recent passes, then
+    replays; each job's counts start from zero."""
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    model = SimpleNamespace(device=torch.device("cpu"), und=lambda ids: _cache(ids.numel()))
+    graphs = GenGraphs(model)
+
+    def capture_und(ids):  # GenGraphs._capture_und without CUDA
+        cache = _cache(ids.numel())
+        graphs._und_graphs[ids.numel()] = _CapturedUnd(SimpleNamespace(replay=lambda: None), ids.clone(), None, cache)
+        return cache
+
+    monkeypatch.setattr(graphs, "_capture_und", capture_und)
+    counted = []
+    for lengths in ([5, 9], [5, 9], [5, 12]):  # one job's two branches each
+        graphs.prepare(TOKENS)
+        for length in lengths:
+            assert graphs.und(torch.zeros(length, dtype=torch.long)).length == length
+        counted.append((graphs.job.und_captured, graphs.job.und_replayed, graphs.job.und_eager))
+    assert counted == [(0, 0, 2), (2, 0, 0), (0, 1, 1)]
 
 
 @pytest.mark.parametrize("prompts", [RECENT_JOBS + 1, 12])

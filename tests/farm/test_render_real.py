@@ -66,7 +66,7 @@ def _mp4_shape(path: Path) -> tuple[int, int, int]:
     return sum(1 for _ in reader), height, width
 
 
-FIGURES = ("timings", "memory", "gpu_seconds", "gpu_telemetry", "worker_start")
+FIGURES = ("timings", "memory", "gpu_seconds", "gpu_telemetry", "cuda_graphs", "worker_start")
 
 
 def checkpoint_bytes(root: Path) -> int:
@@ -98,6 +98,7 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
     assert record["gpu_telemetry"] == {"samples": None, "sm_clock_mhz_median": None, "sm_clock_mhz_min": None,
                                        "power_w_mean": None, "power_limit_w": None, "power_capped_share": None,
                                        "thermal_share": None}  # nothing to sample
+    assert record["cuda_graphs"] is None  # graphs are CUDA's
     start = record["worker_start"]
     assert start["ops"] is None and start["checkpoint_bytes"] == read_bytes
     assert start["checkpoint_read"] > 0 and start["checkpoint_gb_per_s"] > 0
