@@ -498,8 +498,9 @@ def stream_tables(farm: dict) -> list[str]:
                       ("publish (PNG + hash + fsync)", "publish")):
         lines.append(f"| {name} s: median / mean / p10 / p90 / min / max | "
                      f"{_spread([record['timings'][key] for record in stills])} |")
-    lines.append(f"| GPU-seconds a still: median / mean / p10 / p90 / min / max | "
-                 f"{_spread([record['gpu_seconds'] for record in stills if record['gpu_seconds'] is not None])} |")
+    gpu_seconds = [record["gpu_seconds"] for record in stills if record["gpu_seconds"] is not None]  # none on CPUs
+    if gpu_seconds:
+        lines.append(f"| GPU-seconds a still: median / mean / p10 / p90 / min / max | {_spread(gpu_seconds)} |")
     telemetry = [record["gpu_telemetry"] for record in stills if (record.get("gpu_telemetry") or {}).get("samples")]
     if telemetry:
         lines.append(f"| SM clock MHz (a still's median): median over stills / lowest | "
