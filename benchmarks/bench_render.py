@@ -519,8 +519,9 @@ def stream_tables(farm: dict) -> list[str]:
     for record, seconds in zip(stills, sums, strict=True):
         by_use.setdefault(_graph_use(record), []).append(seconds)
     lines += [f"| {use} | {len(times)} | {_spread(times)} |" for use, times in sorted(by_use.items())]
-    und = [(record.get("cuda_graphs") or {}).get("und_replayed", 0) for record in stills]
-    lines += ["", f"UND passes replayed from a graph: {sum(und)} of {2 * len(stills)} "
+    und = [record.get("cuda_graphs") or {} for record in stills]
+    passes = sum(g.get("und_replayed", 0) + g.get("und_captured", 0) + g.get("und_eager", 0) for g in und)
+    lines += ["", f"UND passes replayed from a graph: {sum(g.get('und_replayed', 0) for g in und)} of {passes} "
               "(a prompt length's pass is captured once it recurs within the recent passes).", "",
               "Denoising s of each still, in the order they ran:", "", "```"]
     lines += [" ".join(f"{t:.3f}" for t in sums[i:i + 10]) for i in range(0, len(sums), 10)]
@@ -627,6 +628,8 @@ def main() -> None:
     report = sub.add_parser("report")
     report.add_argument("results", nargs="+")
     args = parser.parse_args()
+    if args.command == "farm" and args.stills and args.prompts < 1:
+        parser.error(f"--stills {args.stills} needs --prompts of at least 1 (got {args.prompts})")
     if args.command == "report":
         return do_report(args)
     result = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}[args.command](args)

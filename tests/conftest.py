@@ -22,9 +22,10 @@ _EXIT_STATUS = pytest.StashKey[int]()
 
 
 # Ray's core worker can segfault while the interpreter finalizes after many ray.init/ray.shutdown cycles in one
-# process (ray-project/ray#31145: its background threads outlive the freed core worker). The suite restarts Ray per
-# test, and once in ~8 full runs the pytest process died with SIGSEGV *after* printing an all-passed summary, which
-# turned CI red. Once pytest has reported, the process leaves without finalizing, carrying pytest's own status.
+# process (ray-project/ray#31145: its background threads outlive the freed core worker). The suite starts and
+# stops a Ray cluster per test module (about ten in one process), and once in ~8 full runs the pytest process died
+# with SIGSEGV *after* printing an all-passed summary, which turned CI red. Once pytest has reported, the process
+# leaves without finalizing, carrying pytest's own status.
 def pytest_sessionfinish(session, exitstatus):
     session.config.stash[_EXIT_STATUS] = int(exitstatus)
 
