@@ -40,9 +40,11 @@ from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-fre
 GIB = 1 << 30
 PROMPT = "a slow drone flight between harbour skyscrapers at dusk, city lights switching on, calm water"
 # The issue's manifest: T2V 1280x720 189 frames 35 steps guidance 6; T2I 1024x1024 50 steps guidance 7
-# (its (400, 1000) guidance interval is the T2I default); I2V 1280x720 189 frames. t2i-seed2 is the same still
-# with another seed, right after it, as in a studio's batch of variations: its prompt length ran a job ago, so it
-# captures graphs of that exact length (GEN and UND; cosmos3/cuda_graphs.py); t2i-seed3, the third, replays them.
+# (its (400, 1000) guidance interval is the T2I default); I2V 1280x720 189 frames. t2i-seed2 and t2i-seed3 are
+# the same still with other seeds, right after it, as in a studio's batch of variations: their GEN passes replay the
+# bucket's graphs the first captured (a prompt length gets its own only once it ran in each of the last 8 jobs),
+# and their prompt's UND pass, run a job ago, is captured by the second and replayed by the third
+# (cosmos3/cuda_graphs.py).
 JOBS = {
     "t2i": {"id": "t2i", "task": "t2i", "size": [1024, 1024], "steps": 50, "guidance": 7.0, "priority": 10},
     "t2i-seed2": {"id": "t2i-seed2", "task": "t2i", "size": [1024, 1024], "steps": 50, "guidance": 7.0, "seed": 2,
@@ -123,7 +125,7 @@ def stream_jobs(stills: int, prompts: int) -> list[dict]:
 
     rng = random.Random(15)
     texts = [" ".join([PROMPT + ","] + rng.choices(STREAM_WORDS, k=rng.randrange(120))) for _ in range(prompts)]
-    order = stream_order(prompts, -(-stills // prompts))[:stills]
+    order = stream_order(prompts, -(-stills // prompts), "shuffled")[:stills]
     seen = dict.fromkeys(range(prompts), 0)
     jobs = []
     for i, n in enumerate(order):
@@ -460,8 +462,8 @@ def _spread(values: list[float], digits: int = 3) -> str:
 
 
 def _graph_use(record: dict) -> str:
-    """What a still's GEN passes ran on (sidecar ``cuda_graphs``; the negative prompt's passes, in every job, run
-    graphs of its exact length)."""
+    """What a still's GEN passes ran on (sidecar ``cuda_graphs``): a still any of whose passes replayed a bucket's
+    graph counts as a bucket's (the negative prompt's passes, in every job, earn graphs of its exact length)."""
     graphs = record.get("cuda_graphs")
     if not graphs:
         return "no graphs"

@@ -1,21 +1,24 @@
-"""A farm's stream of stills whose prompt lengths come back now and then (GPU): how long a still's steps take when
-prompt lengths recur, under the GEN/UND graph rule of the tree (exact-length graphs only for lengths one of the
-last ``RECENT_JOBS`` jobs ran) against the rule before (for any length an earlier job ran), side by side in one
-process on one loaded pipeline.
+"""A farm's stream of stills whose prompt lengths come back (GPU): how long a still's steps take under the GEN graph
+rule of the tree (a prompt length gets graphs of its exact length once it ran in each of the last
+``RECURRING_JOBS`` jobs) against session 22's (once any of the last 4 jobs ran it), side by side in one process on
+one loaded pipeline.
 
-A farm renders thousands of stills a day with a few hundred prompt lengths among them: before long every length
-has run once, and under the old rule each still of a length seen long ago captured exact graphs (two extra
-forwards a graph) that the least-recently-used limit dropped again before that length came back.
+Two orders of the same stills:
+- ``shuffled``: ``--prompts`` prompts of distinct lengths in ``--passes`` passes, each pass shuffled (seeded), so
+  a length comes back after about ``--prompts`` other stills;
+- ``batches``: each prompt ``--passes`` times in a row (a studio's batch of seeds), prompt after prompt.
+
+Exact-length graphs save ~0.007 s a still (FA3's row-skipping kernel is its slower varlen build), and capturing
+them costs ~0.06 s a graph, two a branch; which rule wins depends on how often a length comes back.
 
     python benchmarks/bench_render.py write --root /tmp/nano --variants fp8
-    python benchmarks/bench_still_stream.py /tmp/nano --prompts 8 --passes 3 --rounds 2
+    python benchmarks/bench_still_stream.py /tmp/nano --prompts 8 --passes 3 --rounds 1 --orders shuffled batches
 
-The stream: ``--prompts`` prompts of distinct lengths, in ``--passes`` passes, each pass in its own shuffled
-order (seeded), so a length comes back after about ``--prompts`` other stills. Each round runs the stream once
-under each rule (the order alternating), each from fresh graphs after one warm-up still of another prompt. Prints
-each still's steps sum and the GPU memory reserved after it (a worker that renders for days must not grow), and the
-medians of the passes after the first (every length there has run before). Prompts past the eighth run over 128
-tokens, into the next bucket.
+Each round runs every order under each rule (the rules alternating), each stream from fresh graphs after one
+warm-up still of another prompt (the shape's buckets, the held W8A16 weights). Prints each still's steps sum and
+the GPU memory reserved after it (a worker that renders for days must not grow), then a table: the mean and median
+over each stream's stills, captures included, and how many stills captured GEN graphs. Prompts past the eighth run
+over 128 tokens, into the next bucket.
 """
 
 from __future__ import annotations
@@ -31,15 +34,18 @@ sys.path.insert(0, str(Path.cwd()))
 from benchmarks.bench_still_prompts import new_prompt, still_renderer  # noqa: E402
 
 
-def stream_order(prompts: int, passes: int) -> list[int]:
-    """Prompt indices: ``passes`` passes over ``prompts`` prompts, each pass shuffled on its own (seeded)."""
+def stream_order(prompts: int, passes: int, order: str) -> list[int]:
+    """Prompt indices: ``passes`` passes over ``prompts`` prompts, each pass shuffled on its own (seeded), or each
+    prompt ``passes`` times in a row."""
+    if order == "batches":
+        return [i for i in range(prompts) for _ in range(passes)]
     rng = random.Random(0)
-    order = []
+    indices = []
     for _ in range(passes):
         one = list(range(prompts))
         rng.shuffle(one)
-        order += one
-    return order
+        indices += one
+    return indices
 
 
 def main() -> None:
@@ -47,46 +53,57 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--orders", nargs="+", choices=("shuffled", "batches"), default=["shuffled", "batches"])
     args = parser.parse_args()
 
     import torch
 
     from benchmarks.bench_render import PROMPT
-    from cosmos3.cuda_graphs import GRAPH_MAX_TOKENS, RECENT_JOBS, enable_cuda_graphs
+    from cosmos3.cuda_graphs import GRAPH_MAX_TOKENS, RECURRING_JOBS, enable_cuda_graphs
 
-    rules = {"recent jobs (this tree)": RECENT_JOBS, "any earlier job (before)": 10**9}  # name -> recent_jobs
+    rules = {  # name -> enable_cuda_graphs's exact_rule
+        f"in each of the last {RECURRING_JOBS} jobs (this tree)": {},
+        "in any of the last 4 jobs (session 22)": {"recurring_jobs": 1, "recent_jobs": 4},
+    }
     pipe, render = still_renderer(args.root)
     prompts = [new_prompt(n) for n in range(1, args.prompts + 1)]
-    order = stream_order(args.prompts, args.passes)
     lengths = [len(pipe.tokenizer.encode(p, "image")) for p in prompts]  # before the metadata sentence
-    print(f"GPU {torch.cuda.get_device_name()}; {len(order)} stills over {args.prompts} prompts of {lengths} tokens "
-          f"(plus the resolution sentence), in the order {order}; RECENT_JOBS {RECENT_JOBS}", flush=True)
-    later: dict[str, list[float]] = {rule: [] for rule in rules}
-    reserved: dict[str, list[float]] = {rule: [] for rule in rules}  # GiB after each stream: a long worker's memory
+    print(f"GPU {torch.cuda.get_device_name()}; {args.prompts} prompts of {lengths} tokens (plus the resolution "
+          f"sentence), {args.passes} stills each; orders {args.orders}", flush=True)
+    steps_of = {(order, rule): [] for order in args.orders for rule in rules}
+    captured_of = {key: 0 for key in steps_of}  # stills that captured GEN graphs
+    reserved_of = {key: [] for key in steps_of}  # GiB after each stream: a long worker's memory
     for round_ in range(args.rounds):
-        for rule in (list(rules) if round_ % 2 == 0 else list(reversed(rules))):
-            pipe.model.cuda_graphs.prepare(GRAPH_MAX_TOKENS + 1)  # frees the held W8A16 weights and UND graphs
-            enable_cuda_graphs(pipe.model, recent_jobs=rules[rule])
-            torch.cuda.empty_cache()
-            render(PROMPT)  # the shape's buckets, the negative prompt's graphs, the held W8A16 weights
-            steps, gib = [], []
-            for i in order:
-                steps.append(render(prompts[i])[0])
-                gib.append(torch.cuda.memory_reserved() / 2**30)
-            later[rule] += steps[args.prompts:]
-            reserved[rule].append(gib[-1])
-            print(f"round {round_ + 1}, {rule}: steps s " + ", ".join(f"{s:.3f}" for s in steps), flush=True)
-            print(f"round {round_ + 1}, {rule}: GiB reserved after each still " + ", ".join(f"{g:.2f}" for g in gib),
-                  flush=True)
-    base = statistics.median(later[next(iter(rules))])
-    print("| graph rule | stills after the first pass | median steps s | mean steps s | vs this tree "
+        for order in args.orders:
+            indices = stream_order(args.prompts, args.passes, order)
+            for rule in (list(rules) if round_ % 2 == 0 else list(reversed(rules))):
+                pipe.model.cuda_graphs.prepare(GRAPH_MAX_TOKENS + 1)  # frees the held W8A16 weights and UND graphs
+                enable_cuda_graphs(pipe.model, **rules[rule])
+                torch.cuda.empty_cache()
+                render(PROMPT)
+                steps, gib = [], []
+                for i in indices:
+                    steps.append(render(prompts[i])[0])
+                    captured_of[order, rule] += pipe.model.cuda_graphs.job.gen_captured > 0
+                    gib.append(torch.cuda.memory_reserved() / 2**30)
+                steps_of[order, rule] += steps
+                reserved_of[order, rule].append(gib[-1])
+                print(f"round {round_ + 1}, {order}, {rule}: steps s " + ", ".join(f"{s:.3f}" for s in steps),
+                      flush=True)
+                print(f"round {round_ + 1}, {order}, {rule}: GiB reserved after each still "
+                      + ", ".join(f"{g:.2f}" for g in gib), flush=True)
+    print("| order | graph rule | stills | mean steps s | median steps s | stills that captured | mean vs this tree "
           "| GiB reserved at the end |")
-    print("|---|---|---|---|---|---|")
-    for rule, steps in later.items():
-        median = statistics.median(steps)
-        print(f"| {rule} | {len(steps)} | {median:.4f} | {statistics.fmean(steps):.4f} | {median / base:.3f}x "
-              f"| {', '.join(f'{g:.2f}' for g in reserved[rule])} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for order in args.orders:
+        base = statistics.fmean(steps_of[order, next(iter(rules))])
+        for rule in rules:
+            steps = steps_of[order, rule]
+            mean = statistics.fmean(steps)
+            print(f"| {order} | {rule} | {len(steps)} | {mean:.4f} | {statistics.median(steps):.4f} "
+                  f"| {captured_of[order, rule]} | {mean / base:.3f}x "
+                  f"| {', '.join(f'{g:.2f}' for g in reserved_of[order, rule])} |")
 
 
 if __name__ == "__main__":

@@ -9,15 +9,16 @@ renders of the same shape, reuse the graphs. The K/V copy is skipped while the g
 the cache passed in.
 
 Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
-prompt length no recent job ran replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in
-its UND rows and the rows before are skipped, so one graph serves every new prompt length of its bucket, and a farm
-rendering stills of ever new prompts replays graphs instead of capturing two a still (two extra forwards each).
-A length one of the last ``RECENT_JOBS`` jobs ran (a negative prompt's, a repeated prompt's) gets a graph of its
-exact length, as every length does with other kernels: FA3's skipping kernel is its varlen build, ~8% slower a call
-at a still's size (benchmarks/results/h200-2026-12-03-session21.md). A length that ran longer ago replays the bucket
-again: in a farm of varied prompts nearly every length has run at some time, and a graph captured for one that
-returns only now and then is dropped (least recently used) before it pays for its capture. All GEN graphs share
-one memory pool; they never run concurrently and outputs are cloned out.
+prompt length replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in its UND rows and
+the rows before are skipped, so one graph serves every prompt length of its bucket, and a farm rendering stills of
+ever new prompts replays graphs instead of capturing two a still (two extra forwards each). A length that ran in
+each of the last ``RECURRING_JOBS`` jobs (a negative prompt's, a prompt template's, a long batch of one prompt)
+gets graphs of its exact length, as every length does with other kernels: FA3's skipping kernel is its varlen
+build, ~8% slower a call at a still's size (benchmarks/results/h200-2026-12-03-session21.md), ~0.007 s a still.
+Capturing them costs ~0.06 s a graph, two a branch (W8A16 and W8A8 steps), so only a length that keeps coming pays
+them back; a prompt rendered with a few seeds replays its bucket throughout (h200-2026-12-03-session24.md). A
+length's exact graphs, once captured, replay while they are held. All GEN graphs share one memory pool; they never
+run concurrently and outputs are cloned out.
 
 The W8A16 steps of a step policy dequantize every GEN weight each forward; at a still's length that is a
 fifth of the forward. Graphed W8A16 passes instead read the weights dequantized once
@@ -28,7 +29,7 @@ too long for graphs, which would gain nothing from it (a clip's W8A16 forward is
 
 A job's UND pass (once per CFG branch) is launch-bound too: ~1,700 small kernels a branch for a prompt of ~50
 tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-2026-12-02-session13.md). In short
-jobs, a prompt length's pass is captured when the length ran in one of the last ``2 x RECENT_JOBS`` UND passes
+jobs, a prompt length's pass is captured when the length ran in one of the last ``UND_RECENT_PASSES`` UND passes
 (that eager pass is the call's answer) and replayed after: a negative prompt's length repeats in every job, and so
 does a prompt template's, while a length seen once, or only now and then (most prompts), never pays for a capture.
 UND graphs have no buckets: a bucket's rows would change the GEMMs' row count, and cuBLAS's BF16 GEMMs (the
@@ -68,10 +69,11 @@ UND_GRAPHS = 8
 MIN_PREFIX_ROWS = 128
 # GEN graphs held at once (least recently used dropped first).
 MAX_GRAPHS = 16
-# How many jobs back a prompt length counts as recent (its graphs are captured): the exact graphs of this many
-# jobs' stills (cond and uncond, W8A16 and W8A8 steps: at most 2 + 2 x RECENT_JOBS) fit in MAX_GRAPHS beside
-# the buckets', and prompts a manifest cycles through with a few seeds each are caught.
-RECENT_JOBS = 4
+# A prompt length gets GEN graphs of its exact length once it ran in each of the last this many jobs (see the
+# module's docstring): the exact graphs of a still's two branches (4) fit in MAX_GRAPHS beside the buckets'.
+RECURRING_JOBS = 8
+# A prompt length's UND pass is captured when the length ran in one of the last this many UND passes (two a job).
+UND_RECENT_PASSES = 8
 
 
 def prefix_rows(length: int) -> int:
@@ -92,16 +94,20 @@ class Recent:
     def __contains__(self, key: Hashable) -> bool:
         return any(key in keys for keys in self._rounds)
 
+    def count(self, key: Hashable) -> int:
+        """In how many of the remembered rounds ``key`` was."""
+        return sum(key in keys for keys in self._rounds)
 
-def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = MAX_GRAPHS,
-                       recent_jobs: int = RECENT_JOBS) -> None:
+
+def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = MAX_GRAPHS, **exact_rule: int) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
+    ``exact_rule``: ``GenGraphs``'s ``recurring_jobs``/``recent_jobs`` (benchmarks compare rules).
 
     A function here rather than a model method, so the model never imports this module (one direction only).
     """
     if model.device.type != "cuda":
         raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {model.device}")
-    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs, recent_jobs=recent_jobs)
+    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs, **exact_rule)
 
 
 class Mode(NamedTuple):
@@ -148,14 +154,20 @@ class JobGraphs:
 
 
 class GenGraphs:
-    def __init__(self, model, *, max_graphs: int = MAX_GRAPHS, recent_jobs: int = RECENT_JOBS):
+    """A model's CUDA graphs. A prompt length gets GEN graphs of its exact length once it ran in ``recurring_jobs``
+    of the last ``recent_jobs`` jobs (by default each of the last RECURRING_JOBS); other rules exist to be measured
+    against (benchmarks/bench_still_stream.py)."""
+
+    def __init__(self, model, *, max_graphs: int = MAX_GRAPHS, recurring_jobs: int = RECURRING_JOBS,
+                 recent_jobs: int | None = None):
         self.model = model
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
         self._und_graphs: OrderedDict[int, _CapturedUnd] = OrderedDict()  # prompt length -> its UND pass
-        self._und_recent = Recent(2 * recent_jobs)  # prompt lengths of the last UND passes (a length in it captures)
-        self._gen_recent = Recent(recent_jobs)  # GEN layouts of the last jobs (they get graphs of their exact length)
+        self._und_recent = Recent(UND_RECENT_PASSES)  # prompt lengths of the last UND passes (a length in it captures)
+        self._gen_recent = Recent(recent_jobs or recurring_jobs)  # GEN layouts of the last jobs
+        self._recurring_jobs = recurring_jobs  # in how many of them a layout ran gets it graphs of its exact length
         self._gen_now: dict[tuple, bool] = {}  # this job's GEN layouts: whether each runs graphs of its exact length
         self._short_job = True  # whether the job prepare() last announced runs graphed
         self.job = JobGraphs()  # the passes of the job prepare() last announced
@@ -236,11 +248,12 @@ class GenGraphs:
             return self.model.gen(layout, latents, step_t, cache, sound)
         if self.dequantized is None and self._w8a16():
             self._hold_dequantized()
-        # A bucket's graph, where the kernel skips rows, for a prompt length no recent job ran; else its exact length.
-        # The layout's first pass in a job decides for the job.
+        # A bucket's graph, where the kernel skips rows, unless the prompt length recurs (or its exact graphs are
+        # held). The layout's first pass in a job decides for the job.
         exact = self._gen_now.get(layout.key)
         if exact is None:
-            exact = self._gen_now[layout.key] = layout.key in self._gen_recent or self._has_exact(layout.key)
+            recurs = self._gen_recent.count(layout.key) >= self._recurring_jobs
+            exact = self._gen_now[layout.key] = recurs or self._has_exact(layout.key)
         skipping = not exact and self.model.attention.gen_skips_rows(self.model.device, tokens)
         rows = prefix_rows(cache.length) if skipping else cache.length
         key = (layout.key._replace(und_len=rows), self._mode(), skipping)
@@ -275,7 +288,7 @@ class GenGraphs:
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
 
     def _has_exact(self, layout_key) -> bool:
-        """Whether a graph of ``layout_key``'s exact prompt length is still held (from a job no longer recent)."""
+        """Whether a graph of ``layout_key``'s exact prompt length is still held (from when the length recurred)."""
         return any(key[0] == layout_key and not key[2] for key in self._graphs)
 
     def _capture(self, key, layout, latents, step_t, cache, sound, skipping: bool) -> _Captured:

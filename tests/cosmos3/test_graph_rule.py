@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cosmos3.cuda_graphs import RECENT_JOBS, GenGraphs, JobGraphs, _Captured, _CapturedUnd
+from cosmos3.cuda_graphs import RECURRING_JOBS, GenGraphs, JobGraphs, _Captured, _CapturedUnd
 from cosmos3.transformer import GenLayout, GenOutput, LayoutKey, UndCache
 
 TOKENS, HEAD_DIM, NEGATIVE = 16, 4, 7  # GEN tokens of the fake still; the negative prompt's length
@@ -66,15 +66,32 @@ class Farm:
         return self.captures[before:]
 
 
-def test_a_prompt_run_again_captures_its_own_graphs_once(monkeypatch):
+def test_one_prompt_seed_after_seed_captures_its_own_graphs_once_it_recurs(monkeypatch):
+    """One prompt, seed after seed: its stills replay the bucket's graphs (captured by the first) until it and the
+    negative prompt have run in each of the last RECURRING_JOBS jobs; the next still captures their exact graphs,
+    and every still after replays them."""
     farm = Farm(monkeypatch)
-    first, second, third = (farm.job(40) for _ in range(3))
-    assert [(key[0].und_len, key[2]) for key in first] == [(128, True)] * 2  # one bucket graph a mode, both branches
-    assert sorted((key[0].und_len, key[2]) for key in second) == [(NEGATIVE, False)] * 2 + [(40, False)] * 2
-    assert third == []
-    # What each still's sidecar says: (GEN graphs captured, passes on exact-length graphs, passes on a bucket's)
+    captured = [farm.job(40) for _ in range(RECURRING_JOBS + 2)]
+    assert [(key[0].und_len, key[2]) for key in captured[0]] == [(128, True)] * 2  # a bucket graph a mode
+    assert captured[1:RECURRING_JOBS] == [[]] * (RECURRING_JOBS - 1)
+    assert sorted((key[0].und_len, key[2]) for key in captured[RECURRING_JOBS]) == [(NEGATIVE, False)] * 2 + [
+        (40, False)] * 2
+    assert captured[-1] == []
+    # What each still's sidecar says: (GEN graphs captured, passes on exact-length graphs, on a bucket's, eager)
     assert [(c.gen_captured, c.gen_exact, c.gen_bucket, c.gen_eager) for c in farm.counted] == [
-        (2, 0, 6, 0), (4, 6, 0, 0), (0, 6, 0, 0)]
+        (2, 0, 6, 0)] + [(0, 0, 6, 0)] * (RECURRING_JOBS - 1) + [(4, 6, 0, 0), (0, 6, 0, 0)]
+
+
+def test_a_studio_batch_of_a_few_seeds_a_prompt_captures_no_prompts_graphs(monkeypatch):
+    """Six prompts, three seeds each, back to back: past the first still (the bucket's graphs) only the negative
+    prompt, which every job runs, earns graphs of its own. Under session 22's rule (exact graphs for a length any of
+    the last 4 jobs ran) each prompt's second still captured two, each ~0.06 s, for ~0.007 s saved a still after."""
+    lengths = [length for length in range(10, 40, 5) for _ in range(3)]
+    farm = Farm(monkeypatch)
+    assert [len(farm.job(n)) for n in lengths] == [2] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (
+        len(lengths) - RECURRING_JOBS - 1)
+    a_recent_job = Farm(monkeypatch, recurring_jobs=1, recent_jobs=4)
+    assert [len(a_recent_job.job(n)) for n in lengths] == [2, 4, 0] + [0, 2, 0] * 5
 
 
 def test_a_jobs_und_passes_are_counted_as_they_ran(monkeypatch):
@@ -99,16 +116,17 @@ def test_a_jobs_und_passes_are_counted_as_they_ran(monkeypatch):
     assert counted == [(0, 0, 2), (2, 0, 0), (0, 1, 1)]
 
 
-@pytest.mark.parametrize("prompts", [RECENT_JOBS + 1, 12])
-def test_lengths_back_after_more_than_the_recent_jobs_capture_nothing(monkeypatch, prompts):
-    """A farm of varied prompts: every length comes back, but only after more jobs than RECENT_JOBS. After the
-    first two jobs (the bucket's graphs, then the negative prompt's own) no still captures. Under the rule that
-    gave every length an earlier job ran its own graphs, every still of the second pass captured two."""
+@pytest.mark.parametrize("prompts", [5, 12])
+def test_varied_prompts_whose_lengths_come_back_capture_only_the_negative_prompts_graphs(monkeypatch, prompts):
+    """A farm of varied prompts: every length comes back, after ``prompts - 1`` other jobs. Past the first job (the
+    bucket's graphs) only the negative prompt's own are captured, once it ran in each of the last RECURRING_JOBS
+    jobs. Under the rule that gave every length an earlier job ran its own graphs, every still of the second pass
+    captured two."""
     lengths = [10 + 5 * i for i in range(prompts)]
     farm = Farm(monkeypatch)
     captured = [len(farm.job(n)) for n in lengths * 3]
-    assert captured == [2, 2] + [0] * (3 * prompts - 2)
+    assert captured == [2] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (3 * prompts - RECURRING_JOBS - 1)
 
-    every_earlier = Farm(monkeypatch, recent_jobs=10**9)
+    every_earlier = Farm(monkeypatch, recurring_jobs=1, recent_jobs=10**9)
     second_pass = [len(every_earlier.job(n)) for n in lengths * 2][prompts:]
     assert second_pass == [2] * prompts
