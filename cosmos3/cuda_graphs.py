@@ -11,8 +11,7 @@ the cache passed in.
 Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
 prompt length replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in its UND rows and
 the rows before are skipped, so one graph serves every prompt length of its bucket, and a farm rendering stills of
-ever new prompts replays graphs instead of capturing two a still (two extra forwards each). A bucket keeps a graph
-per CFG branch (``BUCKET_SLOTS``), so that each keeps its branch's K/V between passes. A length that ran in
+ever new prompts replays graphs instead of capturing two a still (two extra forwards each). A length that ran in
 each of the last ``RECURRING_JOBS`` jobs (a negative prompt's, a prompt template's, a long batch of one prompt)
 gets graphs of its exact length, as every length does with other kernels: FA3's skipping kernel is its varlen
 build, ~8% slower a call at a still's size (benchmarks/results/h200-2026-12-03-session21.md), ~0.007 s a still.
@@ -70,9 +69,6 @@ UND_GRAPHS = 8
 MIN_PREFIX_ROWS = 128
 # GEN graphs held at once (least recently used dropped first).
 MAX_GRAPHS = 16
-# Graphs a bucket keeps for a mode: one per CFG branch, whose prompts often share a bucket. A graph that holds the
-# other branch's K/V copies them in before each pass, 2 x layers small copies (~0.01 s a Nano still).
-BUCKET_SLOTS = 2
 # A prompt length gets GEN graphs of its exact length once it ran in each of the last this many jobs (see the
 # module's docstring): the exact graphs of a still's two branches (4) fit in MAX_GRAPHS beside the buckets'.
 RECURRING_JOBS = 8
@@ -260,8 +256,7 @@ class GenGraphs:
             exact = self._gen_now[layout.key] = recurs or self._has_exact(layout.key)
         skipping = not exact and self.model.attention.gen_skips_rows(self.model.device, tokens)
         rows = prefix_rows(cache.length) if skipping else cache.length
-        base = (layout.key._replace(und_len=rows), self._mode(), skipping)
-        key = self._bucket_slot(base, cache) if skipping else (*base, 0)
+        key = (layout.key._replace(und_len=rows), self._mode(), skipping)
         captured = self._graphs.get(key)
         if captured is None:
             if len(self._graphs) >= self.max_graphs:
@@ -291,19 +286,6 @@ class GenGraphs:
         captured.graph.replay()
         out = captured.out
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
-
-    def _bucket_slot(self, base: tuple, cache: UndCache) -> tuple:
-        """The key of the bucket graph that serves ``cache``: the one holding its K/V, else one not captured yet,
-        else the one used least recently (the other branch ran the last)."""
-        keys = [(*base, slot) for slot in range(BUCKET_SLOTS)]
-        held = [key for key in keys if key in self._graphs]
-        for key in held:
-            if self._graphs[key].holds() is cache:
-                return key
-        if len(held) < BUCKET_SLOTS:
-            return next(key for key in keys if key not in self._graphs)
-        order = list(self._graphs)  # least recently used first
-        return min(held, key=order.index)
 
     def _has_exact(self, layout_key) -> bool:
         """Whether a graph of ``layout_key``'s exact prompt length is still held (from when the length recurred)."""
