@@ -11,9 +11,10 @@ Two trees on one machine, side by side (as bench_still_tree.py):
     cd $REPO && python3 benchmarks/bench_still_prompts.py /tmp/nano new 6
 
 Arguments: the checkpoint root, a label, how many new prompts. Each new prompt is the benchmark's prompt with
-more words; it runs three times (its first still, then the same prompt twice: a length a recent job ran gets
-graphs of its exact length, captured in its second still). Prints each still's steps sum and UND time, and the
-medians. Only the pipeline's public API is used, so an older tree runs it too.
+more words; it runs three times (its first still, then the same prompt twice: under session 22's rule its second
+still captured graphs of its exact length; now a length gets them only once it ran in each of the last 8 jobs).
+Prints each still's steps sum and UND time, and the medians. Only the pipeline's public API is used, so an older
+tree runs it too.
 """
 
 from __future__ import annotations
