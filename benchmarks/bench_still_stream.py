@@ -1,7 +1,8 @@
 """A farm's stream of stills whose prompt lengths come back (GPU): how long a still's steps take under the GEN graph
 rule of the tree (a prompt length gets graphs of its exact length once it ran in each of the last
-``RECURRING_JOBS`` jobs) against session 22's (once any of the last 4 jobs ran it), side by side in one process on
-one loaded pipeline.
+``RECURRING_JOBS`` jobs) against session 22's (once any of the last 4 jobs ran it), and the tree's bucket graph per
+CFG branch against session 24's one for both (which copies the other branch's K/V in before each pass), side by
+side in one process on one loaded pipeline.
 
 Two orders of the same stills:
 - ``shuffled``: ``--prompts`` prompts of distinct lengths in ``--passes`` passes, each pass shuffled (seeded), so
@@ -65,6 +66,7 @@ def main() -> None:
     rules = {  # name -> enable_cuda_graphs's exact_rule
         f"in each of the last {RECURRING_JOBS} jobs (this tree)": {},
         "in any of the last 4 jobs (session 22)": {"recurring_jobs": 1, "recent_jobs": 4},
+        "this tree, one bucket graph for both CFG branches (session 24)": {"bucket_slots": 1},
     }
     pipe, render = still_renderer(args.root)
     prompts = [new_prompt(n) for n in range(1, args.prompts + 1)]

@@ -11,7 +11,8 @@ the cache passed in.
 Where the attention kernel reads from the device how many leading K/V rows to skip (FA3's BF16 kernel), a
 prompt length replays a bucket's graph (``prefix_rows``): the prompt's K/V sit right-aligned in its UND rows and
 the rows before are skipped, so one graph serves every prompt length of its bucket, and a farm rendering stills of
-ever new prompts replays graphs instead of capturing two a still (two extra forwards each). A length that ran in
+ever new prompts replays graphs instead of capturing two a still (two extra forwards each). A bucket keeps a graph
+per CFG branch (``BUCKET_SLOTS``), so that each keeps its branch's K/V between passes. A length that ran in
 each of the last ``RECURRING_JOBS`` jobs (a negative prompt's, a prompt template's, a long batch of one prompt)
 gets graphs of its exact length, as every length does with other kernels: FA3's skipping kernel is its varlen
 build, ~8% slower a call at a still's size (benchmarks/results/h200-2026-12-03-session21.md), ~0.007 s a still.
@@ -69,6 +70,9 @@ UND_GRAPHS = 8
 MIN_PREFIX_ROWS = 128
 # GEN graphs held at once (least recently used dropped first).
 MAX_GRAPHS = 16
+# Graphs a bucket keeps for a mode: one per CFG branch, whose prompts often share a bucket. A graph that holds the
+# other branch's K/V copies them in before each pass, 2 x layers small copies (~0.01 s a Nano still).
+BUCKET_SLOTS = 2
 # A prompt length gets GEN graphs of its exact length once it ran in each of the last this many jobs (see the
 # module's docstring): the exact graphs of a still's two branches (4) fit in MAX_GRAPHS beside the buckets'.
 RECURRING_JOBS = 8
@@ -101,7 +105,7 @@ class Recent:
 
 def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = MAX_GRAPHS, **exact_rule: int) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
-    ``exact_rule``: ``GenGraphs``'s ``recurring_jobs``/``recent_jobs`` (benchmarks compare rules).
+    ``exact_rule``: ``GenGraphs``'s ``recurring_jobs``/``recent_jobs``/``bucket_slots`` (benchmarks compare rules).
 
     A function here rather than a model method, so the model never imports this module (one direction only).
     """
@@ -159,8 +163,9 @@ class GenGraphs:
     against (benchmarks/bench_still_stream.py)."""
 
     def __init__(self, model, *, max_graphs: int = MAX_GRAPHS, recurring_jobs: int = RECURRING_JOBS,
-                 recent_jobs: int | None = None):
+                 recent_jobs: int | None = None, bucket_slots: int = BUCKET_SLOTS):
         self.model = model
+        self._bucket_slots = bucket_slots
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
@@ -256,7 +261,8 @@ class GenGraphs:
             exact = self._gen_now[layout.key] = recurs or self._has_exact(layout.key)
         skipping = not exact and self.model.attention.gen_skips_rows(self.model.device, tokens)
         rows = prefix_rows(cache.length) if skipping else cache.length
-        key = (layout.key._replace(und_len=rows), self._mode(), skipping)
+        base = (layout.key._replace(und_len=rows), self._mode(), skipping)
+        key = self._bucket_slot(base, cache) if skipping else (*base, 0)
         captured = self._graphs.get(key)
         if captured is None:
             if len(self._graphs) >= self.max_graphs:
@@ -286,6 +292,23 @@ class GenGraphs:
         captured.graph.replay()
         out = captured.out
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
+
+    def _bucket_slot(self, base: tuple, cache: UndCache) -> tuple:
+        """The key of the bucket graph that serves ``cache``: the one holding its K/V; else one whose K/V's prompt
+        is gone (its job is over); else one not captured yet; else the one used least recently (the other branch
+        ran the last). A capture costs a forward, so a branch takes a new slot only while the others' are live."""
+        keys = [(*base, slot) for slot in range(self._bucket_slots)]
+        held = [key for key in keys if key in self._graphs]
+        for key in held:
+            if self._graphs[key].holds() is cache:
+                return key
+        order = list(self._graphs)  # least recently used first
+        free = [key for key in held if self._graphs[key].holds() is None]
+        if free:
+            return min(free, key=order.index)
+        if len(held) < self._bucket_slots:
+            return next(key for key in keys if key not in self._graphs)
+        return min(held, key=order.index)
 
     def _has_exact(self, layout_key) -> bool:
         """Whether a graph of ``layout_key``'s exact prompt length is still held (from when the length recurred)."""

@@ -417,10 +417,10 @@ def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
 
 @pytest.mark.gpu
 def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_bucket():
-    """FA3's BF16 kernel skips the rows before a prompt: in a job, prompts of 5 to 128 tokens replay one graph (K/V
-    rows 128), 129 tokens another (256); a length that ran in each of the last jobs gets a graph of its own, which
-    keeps replaying once the length stops recurring, while it is held; every replay equals the eager pass over
-    that prompt's own K/V."""
+    """FA3's BF16 kernel skips the rows before a prompt: in a job, prompts of 5 to 128 tokens replay the graphs of
+    one bucket (K/V rows 128), 129 tokens another's (256); a length that ran in each of the last jobs gets a graph
+    of its own, which keeps replaying once the length stops recurring, while it is held; every replay equals the
+    eager pass over that prompt's own K/V."""
     pytest.importorskip("fa3_fwd_interface")
     from cosmos3.cuda_graphs import RECURRING_JOBS, enable_cuda_graphs
 
@@ -434,25 +434,35 @@ def test_where_attention_skips_rows_one_graph_serves_every_prompt_length_of_its_
     for order in (range(5), reversed(range(5))):
         for i in order:
             assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[i]), eager[i]), i
-    assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == [(128, True), (256, True)]
+    # two graphs of the 128-row bucket (a CFG branch each; here the prompts take turns), one of the 256-row one
+    buckets = [(128, True), (128, True), (256, True)]
+    assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == buckets
     for _ in range(RECURRING_JOBS - 1):  # jobs of 100 tokens (the first job ran it too): they replay the bucket
         model.prepare_gen(tuple(latents.shape), None)
         assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
-    assert len(model.cuda_graphs._graphs) == 2
+    assert len(model.cuda_graphs._graphs) == 3
     model.prepare_gen(tuple(latents.shape), None)  # the next job: 100 tokens ran in each of the last jobs, 64 never
     new = model.encode_text(torch.randint(0, 128, (64,), device="cuda"))
     assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
     assert torch.equal(model.velocity(None, latents, 500.0, und_cache=new),
                        _eager_velocity(model, latents, new))
     assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[2]), eager[2])
-    assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == [(100, False), (128, True),
-                                                                                       (256, True)]
+    assert sorted((key[0].und_len, key[2]) for key in model.cuda_graphs._graphs) == [(100, False)] + buckets
     for _ in range(RECURRING_JOBS):  # jobs of 37 tokens only, until no recent job ran 100
         model.prepare_gen(tuple(latents.shape), None)
         assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[2]), eager[2])
     assert torch.equal(model.velocity(None, latents, 500.0, und_cache=caches[1]), eager[1])
     last = next(reversed(model.cuda_graphs._graphs))  # the graph replayed last
     assert (last[0].und_len, last[2]) == (100, False)  # 100's exact graph is still held: it replays, not the bucket
+    model.prepare_gen(tuple(latents.shape), None)  # a job of 150 tokens: caches[4] holds the 256-row graph, so
+    gone = model.encode_text(torch.randint(0, 128, (150,), device="cuda"))  # it captures the bucket's second
+    assert torch.equal(model.velocity(None, latents, 500.0, und_cache=gone), _eager_velocity(model, latents, gone))
+    held = set(model.cuda_graphs._graphs)
+    del gone  # its job is over: the next prompt of the bucket takes its graph, capturing none
+    model.prepare_gen(tuple(latents.shape), None)
+    later = model.encode_text(torch.randint(0, 128, (200,), device="cuda"))
+    assert torch.equal(model.velocity(None, latents, 500.0, und_cache=later), _eager_velocity(model, latents, later))
+    assert set(model.cuda_graphs._graphs) == held
 
 
 def test_recent_forgets_a_round_once_as_many_newer_ones_came():

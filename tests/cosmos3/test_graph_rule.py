@@ -72,14 +72,41 @@ def test_one_prompt_seed_after_seed_captures_its_own_graphs_once_it_recurs(monke
     and every still after replays them."""
     farm = Farm(monkeypatch)
     captured = [farm.job(40) for _ in range(RECURRING_JOBS + 2)]
-    assert [(key[0].und_len, key[2]) for key in captured[0]] == [(128, True)] * 2  # a bucket graph a mode
+    assert [(key[0].und_len, key[2]) for key in captured[0]] == [(128, True)] * 4  # a bucket graph a mode a branch
     assert captured[1:RECURRING_JOBS] == [[]] * (RECURRING_JOBS - 1)
     assert sorted((key[0].und_len, key[2]) for key in captured[RECURRING_JOBS]) == [(NEGATIVE, False)] * 2 + [
         (40, False)] * 2
     assert captured[-1] == []
     # What each still's sidecar says: (GEN graphs captured, passes on exact-length graphs, on a bucket's, eager)
     assert [(c.gen_captured, c.gen_exact, c.gen_bucket, c.gen_eager) for c in farm.counted] == [
-        (2, 0, 6, 0)] + [(0, 0, 6, 0)] * (RECURRING_JOBS - 1) + [(4, 6, 0, 0), (0, 6, 0, 0)]
+        (4, 0, 6, 0)] + [(0, 0, 6, 0)] * (RECURRING_JOBS - 1) + [(4, 6, 0, 0), (0, 6, 0, 0)]
+
+
+def test_the_two_cfg_branches_keep_their_k_v_in_a_bucket_graph_each(monkeypatch):
+    """Prompt and negative prompt in one bucket: each replays a graph of its own, which holds its K/V from its first
+    pass on. A pass copies its latents and timestep in; K/V (and RoPE tables) only where the graph held other ones:
+    never in the first job (the captures hold them), in the next once for the new prompt in each mode."""
+    farm = Farm(monkeypatch)
+    copied = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda static, live: copied.append(len(static)) or real(static, live))
+    passes = []
+    for _ in range(2):
+        farm.job(40)
+        passes.append(copied[len(passes) * 6:])
+    inputs, with_kv = 2, 2 + 2 + 2  # latents and timestep; plus one layer's K and V and the cos/sin tables
+    # the passes of a job: (prompt, negative) in edge steps, middle steps, edge steps again
+    assert passes == [[inputs] * 6, [with_kv, inputs, with_kv, inputs, inputs, inputs]]
+
+
+def test_a_prompt_alone_in_its_bucket_replays_the_graph_an_earlier_prompt_left(monkeypatch):
+    """Prompts past 128 tokens share the 256-row bucket, where the negative prompt never runs: the first captures
+    a graph a mode; a later one replays them (their K/V belong to a finished job), capturing none."""
+    farm = Farm(monkeypatch)
+    captured = [len(farm.job(n)) for n in (40, 200, 40, 210, 230)]
+    assert captured == [4, 2, 0, 0, 0]
+    assert sorted((key[0].und_len, key[3]) for key in farm.captures) == [(128, 0)] * 2 + [(128, 1)] * 2 + [
+        (256, 0)] * 2
 
 
 def test_a_studio_batch_of_a_few_seeds_a_prompt_captures_no_prompts_graphs(monkeypatch):
@@ -88,10 +115,10 @@ def test_a_studio_batch_of_a_few_seeds_a_prompt_captures_no_prompts_graphs(monke
     the last 4 jobs ran) each prompt's second still captured two, each ~0.06 s, for ~0.007 s saved a still after."""
     lengths = [length for length in range(10, 40, 5) for _ in range(3)]
     farm = Farm(monkeypatch)
-    assert [len(farm.job(n)) for n in lengths] == [2] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (
+    assert [len(farm.job(n)) for n in lengths] == [4] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (
         len(lengths) - RECURRING_JOBS - 1)
     a_recent_job = Farm(monkeypatch, recurring_jobs=1, recent_jobs=4)
-    assert [len(a_recent_job.job(n)) for n in lengths] == [2, 4, 0] + [0, 2, 0] * 5
+    assert [len(a_recent_job.job(n)) for n in lengths] == [4, 4, 0] + [0, 2, 0] * 5
 
 
 def test_a_jobs_und_passes_are_counted_as_they_ran(monkeypatch):
@@ -125,7 +152,7 @@ def test_varied_prompts_whose_lengths_come_back_capture_only_the_negative_prompt
     lengths = [10 + 5 * i for i in range(prompts)]
     farm = Farm(monkeypatch)
     captured = [len(farm.job(n)) for n in lengths * 3]
-    assert captured == [2] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (3 * prompts - RECURRING_JOBS - 1)
+    assert captured == [4] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (3 * prompts - RECURRING_JOBS - 1)
 
     every_earlier = Farm(monkeypatch, recurring_jobs=1, recent_jobs=10**9)
     second_pass = [len(every_earlier.job(n)) for n in lengths * 2][prompts:]
