@@ -372,6 +372,7 @@ def job_table(job: str, record: dict) -> list[str]:
              "", "| stage | value |", "|---|---|"]
     rows = [
         ("worker start: ops load s", _s(start["ops"])),
+        ("worker start: text tokenizer load s", _s(start.get("tokenizer"))),
         ("worker start: model allocate s", _s(start["build"])),
         ("worker start: attention kernels ready s", _s(start.get("attention_kernels"))),
         ("worker start: checkpoint read s (GB, GB/s)",

@@ -76,13 +76,14 @@ class PromptTokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> PromptTokenizer:
-        with LIBRARY_IMPORT:  # not beside a background VAE build's import
-            from transformers import AutoTokenizer
-
         path = Path(path)
         if not (path / "tokenizer_config.json").is_file():
             raise CheckpointError(f"{path}: no tokenizer_config.json (is this the checkpoint's text_tokenizer/ dir?)")
-        return cls(AutoTokenizer.from_pretrained(str(path)))
+        # Not beside a background VAE build's import: the load itself imports transformers' modules lazily.
+        with LIBRARY_IMPORT:
+            from transformers import AutoTokenizer
+
+            return cls(AutoTokenizer.from_pretrained(str(path)))
 
     def encode(self, text: str, kind: str) -> list[int]:
         """One branch: chat template (system + user, generation prompt) + eos + ``<|vision_start|>``."""

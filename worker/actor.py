@@ -47,7 +47,7 @@ class Output(Protocol):
 # renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" is the VAE build's own
 # seconds, which on a cosmos3 worker run in the background, beside the rest and after ready(); "total" is the
 # pipeline's load until it was ready, and the sidecar's "worker" the whole start until ready().
-WORKER_START_FIELDS = ("ops", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
+WORKER_START_FIELDS = ("ops", "tokenizer", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
                        "checkpoint_gb_per_s", "vae", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
                  "vae_decode_tiled")

@@ -24,6 +24,7 @@ import torch
 
 from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
+from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from cosmos3.prompt import PromptSpec
@@ -584,6 +585,25 @@ def test_a_t2v_job_denoises_while_the_vae_builds_and_waits_only_at_its_decode(ro
     out = background(job("t2v", seed=3), callback=on_step)
     assert out.timings["vae_wait"] > 0
     np.testing.assert_array_equal(out.frames, pipe(job("t2v", seed=3)).frames)
+
+
+def test_a_background_load_returns_while_the_vaes_thread_holds_the_library_import_lock(root, monkeypatch):
+    # diffusers' import holds LIBRARY_IMPORT in the VAE's thread (seconds on a worker's host). Here the build holds
+    # it until from_pretrained has returned: a load that needed it after the thread started (the text tokenizer's
+    # import did) would wait out the timeout.
+    loaded, build, returned_first = threading.Event(), WanVAE.build.__func__, []
+
+    def import_until_loaded(cls, *args, **kwargs):
+        with LIBRARY_IMPORT:
+            returned_first.append(loaded.wait(timeout=60))
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(WanVAE, "build", classmethod(import_until_loaded))
+    background = Cosmos3Pipeline.from_pretrained(root, vae_load="background")
+    loaded.set()
+    assert background.load_timings["tokenizer"] > 0
+    assert background(job("t2i")).frames.shape[0] == 1  # the job waits for the VAE, built once the lock is free
+    assert returned_first == [True]
 
 
 @pytest.mark.parametrize("how", ["renamed", "misshapen"])
