@@ -71,7 +71,8 @@ MIN_PREFIX_ROWS = 128
 # GEN graphs held at once (least recently used dropped first).
 MAX_GRAPHS = 16
 # Graphs a bucket keeps for a mode: one per CFG branch, whose prompts often share a bucket. A graph that holds the
-# other branch's K/V copies them in before each pass, 2 x layers small copies (~0.01 s a Nano still).
+# other branch's K/V copies them in before each pass, 2 x layers small copies (~0.005 s a Nano still on the H200,
+# benchmarks/results/h200-2026-12-03-session25.md).
 BUCKET_SLOTS = 2
 # A prompt length gets GEN graphs of its exact length once it ran in each of the last this many jobs (see the
 # module's docstring): the exact graphs of a still's two branches (4) fit in MAX_GRAPHS beside the buckets'.
@@ -296,7 +297,7 @@ class GenGraphs:
     def _bucket_slot(self, base: tuple, cache: UndCache) -> tuple:
         """The key of the bucket graph that serves ``cache``: the one holding its K/V; else one whose K/V's prompt
         is gone (its job is over); else one not captured yet; else the one used least recently (the other branch
-        ran the last). A capture costs a forward, so a branch takes a new slot only while the others' are live."""
+        ran the last). A capture costs two forwards, so a branch takes a new slot only while the others' are live."""
         keys = [(*base, slot) for slot in range(self._bucket_slots)]
         held = [key for key in keys if key in self._graphs]
         for key in held:

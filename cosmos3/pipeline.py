@@ -187,7 +187,7 @@ class Cosmos3Pipeline:
         ``"background"`` (the farm's workers) returns as soon as the transformer, tokenizer, recipe and sound
         tokenizer are ready; the VAE builds on the CPU meanwhile and moves to the device where a job first needs it
         (I2V/V2V's encode, the decode: ``timings["vae_wait"]``); a job raises VAELoadError if the build failed.
-        Either way what needs no diffusers fails here: ``vae/`` is checked before anything loads
+        Either way what needs no diffusers fails here: ``vae/`` is checked before the transformer loads
         (``cosmos3.checkpoint_header.check_vae_dir``: config.json, z_dim against the transformer's latent_channel,
         the weights' header), as ``farm validate`` checks it.
         """
