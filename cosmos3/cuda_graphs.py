@@ -299,17 +299,14 @@ class GenGraphs:
         is gone (its job is over); else one not captured yet; else the one used least recently (the other branch
         ran the last). A capture costs two forwards, so a branch takes a new slot only while the others' are live."""
         keys = [(*base, slot) for slot in range(self._bucket_slots)]
-        held = [key for key in keys if key in self._graphs]
-        for key in held:
-            if self._graphs[key].holds() is cache:
-                return key
-        order = list(self._graphs)  # least recently used first
-        free = [key for key in held if self._graphs[key].holds() is None]
-        if free:
-            return min(free, key=order.index)
+        held = [key for key in self._graphs if key in keys]  # least recently used first
+        for wanted in (cache, None):  # its own K/V's slot, else the least recently used of the gone prompts'
+            for key in held:
+                if self._graphs[key].holds() is wanted:
+                    return key
         if len(held) < self._bucket_slots:
             return next(key for key in keys if key not in self._graphs)
-        return min(held, key=order.index)
+        return held[0]
 
     def _has_exact(self, layout_key) -> bool:
         """Whether a graph of ``layout_key``'s exact prompt length is still held (from when the length recurred)."""
