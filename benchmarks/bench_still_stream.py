@@ -63,7 +63,7 @@ def main() -> None:
     from benchmarks.bench_render import PROMPT
     from cosmos3.cuda_graphs import GRAPH_MAX_TOKENS, RECURRING_JOBS, enable_cuda_graphs
 
-    rules = {  # name -> enable_cuda_graphs's exact_rule
+    rules = {  # name -> enable_cuda_graphs's rule
         f"in each of the last {RECURRING_JOBS} jobs (this tree)": {},
         "in any of the last 4 jobs (session 22)": {"recurring_jobs": 1, "recent_jobs": 4},
         "this tree, one bucket graph for both CFG branches (session 24)": {"bucket_slots": 1},

@@ -104,15 +104,15 @@ class Recent:
         return sum(key in keys for keys in self._rounds)
 
 
-def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = MAX_GRAPHS, **exact_rule: int) -> None:
+def enable_cuda_graphs(model: Cosmos3Transformer, max_graphs: int = MAX_GRAPHS, **rule: int) -> None:
     """Replay each GEN step of ``model`` from a CUDA graph: at small token counts launches, not maths, bound a step.
-    ``exact_rule``: ``GenGraphs``'s ``recurring_jobs``/``recent_jobs``/``bucket_slots`` (benchmarks compare rules).
+    ``rule``: ``GenGraphs``'s ``recurring_jobs``/``recent_jobs``/``bucket_slots`` (benchmarks compare rules).
 
     A function here rather than a model method, so the model never imports this module (one direction only).
     """
     if model.device.type != "cuda":
         raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {model.device}")
-    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs, **exact_rule)
+    model.cuda_graphs = GenGraphs(model, max_graphs=max_graphs, **rule)
 
 
 class Mode(NamedTuple):
