@@ -181,8 +181,9 @@ class Cosmos3Pipeline:
         (checked by ``load_transformer``). ``model``: a transformer to drive instead of loading ours (FP8
         calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop).
 
-        The VAE builds in a thread started after the text tokenizer and before the transformer loads, so
-        diffusers' import overlaps the checkpoint read (and the tokenizer's import never waits for it).
+        The text tokenizer loads in a thread, and the VAE builds in another started after it, both before the
+        transformer loads, so transformers' and diffusers' imports overlap the checkpoint read (and the tokenizer's
+        import never waits for diffusers').
         ``vae_load="eager"`` (the default) returns with it built, and raises its VAELoadError.
         ``"background"`` (the farm's workers) returns as soon as the transformer, tokenizer, recipe and sound
         tokenizer are ready; the VAE builds on the CPU meanwhile and moves to the device where a job first needs it
@@ -201,11 +202,11 @@ class Cosmos3Pipeline:
         started = clock()
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
-        # The text tokenizer before the VAE's thread starts: both import under LIBRARY_IMPORT, and loaded after it,
-        # the tokenizer waited for diffusers' whole import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
-        tokenizer_started = clock()
-        tokenizer = PromptTokenizer.from_pretrained(root / "text_tokenizer")
-        timings = {"ops": ops_seconds, "tokenizer": clock() - tokenizer_started}
+        # Two threads import under LIBRARY_IMPORT: the text tokenizer's takes it first, then the VAE's (diffusers),
+        # both beside the transformer's load. Started after the VAE's, the tokenizer waited for diffusers' whole
+        # import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
+        tokenizer_load = PromptTokenizer.load_in_background(root / "text_tokenizer")
+        timings = {"ops": ops_seconds}
         latent_channel = Cosmos3Config.from_json(transformer_dir(root) / "config.json").latent_channel
         vae = VAEBuild(root / VAE_DIR, latent_channel=latent_channel, device=device,
                        dtype=dtype if device.type == "cuda" else torch.float32)
@@ -222,6 +223,8 @@ class Cosmos3Pipeline:
                 "checkpoint_bytes": read["bytes"],
                 "checkpoint_gb_per_s": read["bytes"] / read["read"] / 1e9 if read["read"] > 0 else None,
             }
+        tokenizer = tokenizer_load.result()  # a job's first stage needs it: a worker is not ready without it
+        timings["tokenizer"] = tokenizer_load.seconds
         sound = read_sound_support(root, model.config)
         sound_tokenizer = None
         if sound.config is not None:

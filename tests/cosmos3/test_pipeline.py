@@ -22,12 +22,13 @@ import numpy as np
 import pytest
 import torch
 
+from cosmos3 import pipeline
 from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
-from cosmos3.prompt import PromptSpec
+from cosmos3.prompt import PromptSpec, PromptTokenizer
 from cosmos3.vae import VAEBuild, WanVAE
 from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_vae_weights
 
@@ -604,6 +605,47 @@ def test_a_background_load_returns_while_the_vaes_thread_holds_the_library_impor
     assert background.load_timings["tokenizer"] > 0
     assert background(job("t2i")).frames.shape[0] == 1  # the job waits for the VAE, built once the lock is free
     assert returned_first == [True]
+
+
+def test_the_text_tokenizer_loads_beside_the_transformer_and_imports_before_the_vae(root, monkeypatch):
+    # The tokenizer's load waits until the transformer's has begun: loaded before it, as it was, it would wait out
+    # the timeout. The VAE's build records when it gets LIBRARY_IMPORT, which the tokenizer's load holds throughout.
+    transformer_loading, order = threading.Event(), []
+    load_transformer, load_tokenizer = pipeline.load_transformer, PromptTokenizer._load.__func__
+    build = WanVAE.build.__func__
+
+    def mark_then_load_transformer(*args, **kwargs):
+        transformer_loading.set()
+        return load_transformer(*args, **kwargs)
+
+    def load_tokenizer_once_the_transformer_loads(cls, path):
+        order.append(("tokenizer", transformer_loading.wait(timeout=60)))
+        return load_tokenizer(cls, path)
+
+    def build_noting_the_lock(cls, *args, **kwargs):
+        with LIBRARY_IMPORT:
+            order.append(("vae", transformer_loading.is_set()))
+        return build(cls, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "load_transformer", mark_then_load_transformer)
+    monkeypatch.setattr(PromptTokenizer, "_load", classmethod(load_tokenizer_once_the_transformer_loads))
+    monkeypatch.setattr(WanVAE, "build", classmethod(build_noting_the_lock))
+    loaded = Cosmos3Pipeline.from_pretrained(root, vae_load="eager")
+    assert order == [("tokenizer", True), ("vae", True)]
+    assert loaded.load_timings["total"] >= loaded.load_timings["tokenizer"] > 0
+    assert loaded(job("t2i")).frames.shape[0] == 1
+
+
+def test_a_text_tokenizer_that_does_not_load_is_a_checkpoint_error_naming_its_directory(root, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(root, broken)
+    (broken / "text_tokenizer" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"text_tokenizer: the text tokenizer did not load \(.*tokenizer.json"):
+        Cosmos3Pipeline.from_pretrained(broken, vae_load="background")
+    (broken / "text_tokenizer" / "tokenizer_config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"text_tokenizer: no tokenizer_config.json"):
+        Cosmos3Pipeline.from_pretrained(broken)
+    assert Cosmos3Pipeline.from_pretrained(root, vae_load="background").tokenizer is not None  # the lock was freed
 
 
 @pytest.mark.parametrize("how", ["renamed", "misshapen"])
