@@ -183,21 +183,17 @@ def drop_page_cache() -> str:
 
 
 def compile_bytecode() -> float:
-    """Seconds to byte-compile a GPU worker's big imports (``worker.bytecode.PACKAGES``), as pip does when it
-    installs them: the device's carried wheels are installed ``--no-compile``, and its torch is read-only there
-    (run with ``PYTHONPYCACHEPREFIX=<a writable folder>``; the worker and this compile both honour it). What the
-    worker still had to compile is in its sidecars (``worker.uncached_bytecode``) and in the report."""
+    """Seconds to byte-compile every folder on ``sys.path`` (the environment and this tree), as pip and the
+    distribution do when they install: the device's carried wheels are installed ``--no-compile``, and it keeps no
+    bytecode a process compiles (its torch is read-only there: run with ``PYTHONPYCACHEPREFIX=<a writable
+    folder>``; the worker and this compile both honour it). A worker's imports reach far beyond torch, diffusers
+    and transformers (sympy, scipy, scikit-learn: 8.6 s of compiling in a transformers import on the H200 host).
+    What the worker still had to compile is in its sidecars (``worker.uncached_bytecode``) and in the report."""
     import compileall
-    import importlib.util
-
-    from worker import bytecode
 
     started = time.perf_counter()
-    for name in bytecode.PACKAGES:
-        spec = importlib.util.find_spec(name)
-        if spec is None:  # not installed (FlashInfer on a node with FA3's wheel)
-            continue
-        for folder in spec.submodule_search_locations or []:
+    for folder in dict.fromkeys(sys.path):
+        if folder and Path(folder).is_dir():
             compileall.compile_dir(folder, quiet=2, workers=0)  # quiet=2: a read-only folder fails file by file
     return time.perf_counter() - started
 
