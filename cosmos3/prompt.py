@@ -93,11 +93,12 @@ class PromptTokenizer:
 
     @classmethod
     def load_in_background(cls, path: str | Path) -> TokenizerLoad:
-        """``from_pretrained`` in a thread, so transformers' import overlaps the caller's next work (the transformer's
-        load). Its first import reads the source of every model transformers knows (~2,600 files): 14 s in a farm
-        worker on an H200 host. A missing ``tokenizer_config.json`` raises here; what the load raises, at
-        ``result()``. Returns once the thread holds LIBRARY_IMPORT, so an import the caller starts next (the VAE's,
-        which pulls in transformers too) waits for this one instead of the reverse."""
+        """``from_pretrained`` in a thread, so transformers' import overlaps the caller's next work (the
+        transformer's load). Its first import took 14 s in a farm worker on an H200 host: transformers 5.17 brings
+        in ``torch.distributed.tensor``, sympy and scikit-learn (benchmarks/results/h200-2026-12-03-session26.md).
+        A missing ``tokenizer_config.json`` raises here; what the load raises, at ``result()``. Returns once the
+        thread holds LIBRARY_IMPORT, so an import the caller starts next (the VAE's, which pulls in transformers
+        too) waits for this one instead of the reverse."""
         return TokenizerLoad(cls, _tokenizer_dir(path))
 
     @classmethod
