@@ -375,8 +375,9 @@ def job_table(job: str, record: dict) -> list[str]:
          f"{_s(start['checkpoint_read'])} ({start['checkpoint_bytes'] / 1e9:.2f} GB, "
          f"{_s(start['checkpoint_gb_per_s'])} GB/s)"),
         ("worker start: VAE load s", _s(start["vae"])),
+        ("worker start: sound tokenizer load s (background)", _s(start.get("sound_tokenizer"))),
         ("worker start: pipeline load s / whole worker start s", f"{_s(start['total'])} / {_s(start['worker'])}"),
-        ("VAE wait s (for its background build; 0 once built)", _s(t.get("vae_wait"), 3)),
+        ("VAE wait s (for its and the sound tokenizer's background builds; 0 once built)", _s(t.get("vae_wait"), 3)),
         ("tokenize s", _s(t["tokenize"], 3)),
         ("VAE encode s", _s(t["vae_encode"])),
         ("UND (both CFG branches) s", _s(t["und"], 3)),

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from cosmos3.background_build import BackgroundBuild
 from cosmos3.config import SoundConfig
-from cosmos3.errors import CheckpointError
+from cosmos3.errors import BackgroundLoadError, CheckpointError
 from cosmos3.library_import import LIBRARY_IMPORT
 
 
@@ -46,6 +47,23 @@ class SoundTokenizer:
                 "re-export the checkpoint's sound_tokenizer/ folder, or render with sound off"
             ) from None
         return cls(tokenizer.to(device).eval(), config)
+
+    @classmethod
+    def build_in_background(cls, path: Path, config: SoundConfig, *,
+                            device: torch.device) -> BackgroundBuild[SoundTokenizer]:
+        """``from_pretrained`` on the CPU in a thread, moved to ``device`` where a job first decodes sound: like
+        the VAE, it waits for diffusers' import, which a worker need not wait for. ``check_sound_dir`` runs first,
+        in the caller."""
+        return BackgroundBuild(
+            lambda: cls.from_pretrained(path, config, device=torch.device("cpu")),
+            device=device, name="build-sound-tokenizer",
+            failure=lambda err: BackgroundLoadError(f"{path}: the sound tokenizer did not build: "
+                                                    f"{type(err).__name__}: {err}"),
+        )
+
+    def to(self, device: torch.device) -> SoundTokenizer:
+        self.tokenizer.to(device)
+        return self
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

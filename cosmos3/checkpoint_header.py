@@ -24,7 +24,15 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosmos3.config import Cosmos3Config, QuantConfig, VAEConfig, uses_static_fp8
+from cosmos3.config import (
+    SOUND_TOKENIZER_DIR,
+    Cosmos3Config,
+    QuantConfig,
+    SoundSupport,
+    VAEConfig,
+    read_sound_support,
+    uses_static_fp8,
+)
 from cosmos3.errors import CheckpointError
 
 FP8_DTYPE = "F8_E4M3"
@@ -95,7 +103,7 @@ def inspect(path: str | Path) -> CheckpointFacts:
     return CheckpointFacts(directory, config, tensors, fp8_modules(config, tensors, directory))
 
 
-VAE_WEIGHTS = "diffusion_pytorch_model.safetensors"
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"  # a diffusers model's single weights file
 
 
 def check_vae_dir(path: Path, latent_channel: int | None) -> VAEConfig:
@@ -108,11 +116,27 @@ def check_vae_dir(path: Path, latent_channel: int | None) -> VAEConfig:
     if latent_channel is not None and config.z_dim != latent_channel:
         raise CheckpointError(f"transformer latent_channel={latent_channel} does not match vae z_dim={config.z_dim} "
                               f"({path / 'config.json'}): the VAE must encode the latents this transformer denoises")
-    weights = path / VAE_WEIGHTS
-    if not weights.is_file():
-        raise CheckpointError(f"{path}: no {VAE_WEIGHTS} (the VAE's weights)")
-    read_header(weights)  # a truncated or overwritten file fails here, not in diffusers
+    check_diffusers_weights(path, "the VAE's weights")
     return config
+
+
+def check_sound_dir(root: Path, transformer: Cosmos3Config) -> SoundSupport:
+    """Every check of a checkpoint's ``sound_tokenizer/`` that needs no diffusers: ``read_sound_support``, then,
+    where the checkpoint makes sound, its weights present and their header whole. ``farm validate`` and a worker's
+    start both run it; raises ConfigError / CheckpointError naming the file."""
+    sound = read_sound_support(root, transformer)
+    if sound.config is not None:
+        check_diffusers_weights(Path(root) / SOUND_TOKENIZER_DIR, "the sound tokenizer's weights")
+    return sound
+
+
+def check_diffusers_weights(path: Path, what: str) -> None:
+    """A diffusers model folder's ``diffusion_pytorch_model.safetensors`` (``what`` it holds) is there and its
+    header whole: a truncated or overwritten file fails here, torch-free, not in diffusers."""
+    weights = path / DIFFUSERS_WEIGHTS
+    if not weights.is_file():
+        raise CheckpointError(f"{path}: no {DIFFUSERS_WEIGHTS} ({what})")
+    read_header(weights)
 
 
 # ---------------------------------------------------------------------------------- shards

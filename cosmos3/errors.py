@@ -41,7 +41,11 @@ class PipelineError(Cosmos3Error):
     """A render request the pipeline cannot run (bad size, missing input, ...)."""
 
 
-class VAELoadError(Cosmos3Error):
-    """The VAE did not build in diffusers (its weights do not match ``vae/config.json``, or diffusers failed),
-    after the checks that need no diffusers had passed. No job renders without the VAE, so with a VAE built in
-    the background every job raises it: the fault is the load's, never the job's."""
+class BackgroundLoadError(Cosmos3Error):
+    """A component built in the background (``cosmos3.background_build``: the VAE, the sound tokenizer) did not
+    build, after the checks that need no diffusers had passed. Every job raises it: the fault is the load's, never
+    the job's."""
+
+
+class VAELoadError(BackgroundLoadError):
+    """The VAE did not build in diffusers (its weights do not match ``vae/config.json``, or diffusers failed)."""

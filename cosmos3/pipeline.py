@@ -10,8 +10,9 @@ GEN passes, get the same guidance and their own scheduler, and decode to a float
     out = pipe(RenderRequest(task="t2v", prompt="..."), callback=lambda i, n: ...)
     out.frames, out.fps, out.sound, out.sampling_rate, out.timings, out.info
 
-``from_pretrained(..., vae_load="background")`` (a render worker's) returns before the VAE is built; the first
-job waits for it only where it needs it, at its decode (``timings["vae_wait"]``).
+``from_pretrained(..., vae_load="background")`` (a render worker's) returns before the VAE (and the sound tokenizer,
+the audio VAE) are built; the first job waits for them only where it needs them, at its decode
+(``timings["vae_wait"]``).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import torch
 
 from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
-from cosmos3.checkpoint_header import transformer_dir
-from cosmos3.config import SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport, read_sound_support
+from cosmos3.background_build import BackgroundBuild
+from cosmos3.checkpoint_header import check_sound_dir, transformer_dir
+from cosmos3.config import SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.load_options import Precision
@@ -132,7 +134,7 @@ class Cosmos3Pipeline:
         device: torch.device,
         dtype: torch.dtype,
         sound: SoundSupport | None = None,
-        sound_tokenizer: SoundTokenizer | None = None,
+        sound_tokenizer: BackgroundBuild[SoundTokenizer] | None = None,
     ):
         self.model = model
         self._vae = vae
@@ -144,7 +146,7 @@ class Cosmos3Pipeline:
         self.sound = sound or NO_SOUND
         # The request rules, with the VAE's factors from its config.json, read as the farm reads it (VAEConfig).
         self.rules = RequestRules(recipe, vae.config.spatial_factor, vae.config.temporal_factor, self.sound)
-        self.sound_tokenizer = sound_tokenizer
+        self._sound_tokenizer = sound_tokenizer
         self._load_timings: dict = {}  # from_pretrained's seconds per stage of the load
 
     @property
@@ -153,10 +155,20 @@ class Cosmos3Pipeline:
         return self._vae.result()
 
     @property
+    def sound_tokenizer(self) -> SoundTokenizer | None:
+        """None on a silent checkpoint; else like ``vae``. Raises BackgroundLoadError when its build failed."""
+        return None if self._sound_tokenizer is None else self._sound_tokenizer.result()
+
+    @property
     def load_timings(self) -> dict:
-        """from_pretrained's seconds (and bytes) per stage; ``vae`` is the VAE build's own seconds, None while a
-        background build runs, and ``total`` the time until from_pretrained returned."""
-        return {**self._load_timings, "vae": self._vae.seconds}
+        """from_pretrained's seconds (and bytes) per stage; ``vae`` and ``sound_tokenizer`` are their builds' own
+        seconds, None while a background build runs (or, for sound, on a silent checkpoint), and ``total`` the time
+        until from_pretrained returned."""
+        sound = None if self._sound_tokenizer is None else self._sound_tokenizer.seconds
+        return {**self._load_timings, "vae": self._vae.seconds, "sound_tokenizer": sound}
+
+    def _decoders(self) -> tuple[BackgroundBuild, ...]:
+        return (self._vae,) if self._sound_tokenizer is None else (self._vae, self._sound_tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -184,10 +196,12 @@ class Cosmos3Pipeline:
         The text tokenizer loads in a thread, and the VAE builds in another started after it, both before the
         transformer loads, so transformers' and diffusers' imports overlap the checkpoint read (and the tokenizer's
         import never waits for diffusers').
-        ``vae_load="eager"`` (the default) returns with it built, and raises its VAELoadError.
-        ``"background"`` (the farm's workers) returns as soon as the transformer, tokenizer, recipe and sound
-        tokenizer are ready; the VAE builds on the CPU meanwhile and moves to the device where a job first needs it
-        (I2V/V2V's encode, the decode: ``timings["vae_wait"]``); a job raises VAELoadError if the build failed.
+        The sound tokenizer (an audio VAE) builds like the VAE, in a third thread.
+        ``vae_load="eager"`` (the default) returns with both built, and raises a failed build's error
+        (VAELoadError, BackgroundLoadError for sound). ``"background"`` (the farm's workers) returns as soon as the
+        transformer, text tokenizer and recipe are ready; the VAE and the sound tokenizer build on the CPU meanwhile
+        and move to the device where a job first needs them (I2V/V2V's encode, the decode: ``timings["vae_wait"]``);
+        every job raises the error of a build that failed.
         Either way what needs no diffusers fails here: ``vae/`` is checked before the transformer loads
         (``cosmos3.checkpoint_header.check_vae_dir``: config.json, z_dim against the transformer's latent_channel,
         the weights' header), as ``farm validate`` checks it.
@@ -207,9 +221,14 @@ class Cosmos3Pipeline:
         # import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
         tokenizer_load = PromptTokenizer.load_in_background(root / "text_tokenizer")
         timings = {"ops": ops_seconds}
-        latent_channel = Cosmos3Config.from_json(transformer_dir(root) / "config.json").latent_channel
-        vae = VAEBuild(root / VAE_DIR, latent_channel=latent_channel, device=device,
+        config = Cosmos3Config.from_json(transformer_dir(root) / "config.json")
+        vae = VAEBuild(root / VAE_DIR, latent_channel=config.latent_channel, device=device,
                        dtype=dtype if device.type == "cuda" else torch.float32)
+        sound = check_sound_dir(root, config)
+        sound_tokenizer = None
+        if sound.config is not None:  # in fp32, like the VAE on the CPU
+            sound_tokenizer = SoundTokenizer.build_in_background(root / SOUND_TOKENIZER_DIR, sound.config,
+                                                                 device=device)
         if model is None:
             model = load_transformer(root, device=device, dtype=dtype, precision=precision,
                                      step_precision=step_precision, attention=attention, parallel=parallel)
@@ -225,10 +244,6 @@ class Cosmos3Pipeline:
             }
         tokenizer = tokenizer_load.result()  # a job's first stage needs it: a worker is not ready without it
         timings["tokenizer"] = tokenizer_load.seconds
-        sound = read_sound_support(root, model.config)
-        sound_tokenizer = None
-        if sound.config is not None:
-            sound_tokenizer = SoundTokenizer.from_pretrained(root / SOUND_TOKENIZER_DIR, sound.config, device=device)
         pipe = cls(
             model=model,
             vae=vae,
@@ -241,7 +256,8 @@ class Cosmos3Pipeline:
             sound_tokenizer=sound_tokenizer,
         )
         if vae_load == "eager":
-            vae.result()  # waits for the build; raises its VAELoadError
+            for build in pipe._decoders():
+                build.result()  # waits for the build; raises its error
         pipe._load_timings = {**timings, "total": clock() - started}
         return pipe
 
@@ -305,7 +321,8 @@ class Cosmos3Pipeline:
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
         plan = resolve(request, self.rules)  # a refused request is the request's fault: it never waits for the VAE
-        self._vae.raise_if_failed()  # a VAE known broken fails the job before it spends the GPU
+        for build in self._decoders():  # a decoder known broken fails the job before it spends the GPU
+            build.raise_if_failed()
         # A job waits for a VAE still building only where it needs it (I2V/V2V's encode, the decode): the build
         # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).
         encode_wait = self._vae.wait() if plan.task in ("i2v", "v2v") else 0.0
@@ -364,7 +381,7 @@ class Cosmos3Pipeline:
         del branches, v  # the UND caches and the last velocity are not needed to decode
         if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
             torch.cuda.empty_cache()
-        vae_wait = encode_wait + self._vae.wait()
+        vae_wait = encode_wait + self._vae.wait() + (self._sound_tokenizer.wait() if sound is not None else 0.0)
         vae = self.vae
         decode_start = clock()
         frames = to_uint8_frames(vae.decode(latents))  # [T, H, W, 3]
@@ -374,7 +391,8 @@ class Cosmos3Pipeline:
         end = clock()
         memory.mark("vae_decode")
         timings = {
-            "vae_wait": vae_wait,  # blocked on the VAE's build and its move to the device; 0.0 once it is there
+            # blocked on the VAE's build (and the sound tokenizer's) and the move to the device; 0.0 once there
+            "vae_wait": vae_wait,
             "tokenize": tokenized - start - encode_wait,  # the request's checks and its token ids
             "vae_encode": encoded - tokenized if cond.latents is not None else None,
             "und": und_done - und_start,

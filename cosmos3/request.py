@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.checkpoint_header import check_vae_dir
-from cosmos3.config import VAE_DIR, Cosmos3Config, SoundSupport, read_sound_support
+from cosmos3.checkpoint_header import check_sound_dir, check_vae_dir
+from cosmos3.config import VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.errors import PipelineError, Problem
 from cosmos3.sampling import SamplingRecipe, load_recipe
 
@@ -89,7 +89,7 @@ def unused_fields(task: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class RequestRules:
     """The checkpoint's facts a request is checked against: its sampler, its VAE's compression factors and
-    whether it can generate sound (``cosmos3.config.read_sound_support``)."""
+    whether it can generate sound (``cosmos3.checkpoint_header.check_sound_dir``)."""
 
     recipe: SamplingRecipe
     spatial_factor: int  # width and height are multiples of it
@@ -106,7 +106,7 @@ class RequestRules:
         if transformer is None:
             transformer = Cosmos3Config.from_json(Path(root) / "transformer" / "config.json")
         vae = check_vae_dir(Path(root) / VAE_DIR, transformer.latent_channel)
-        return cls(load_recipe(root), vae.spatial_factor, vae.temporal_factor, read_sound_support(root, transformer))
+        return cls(load_recipe(root), vae.spatial_factor, vae.temporal_factor, check_sound_dir(root, transformer))
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,19 @@ The transformer sees *normalised* latents, ``(mu - latents_mean) / latents_std``
 The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames ``<= 4k`` and decoded
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
 
-``VAEBuild`` builds one in a thread, so a pipeline can be ready before diffusers' import (5-6 s on the CPU
-machine, 12-17 s on the H200 host) and the weights are; what can be checked without diffusers is checked first,
-in the caller (``check_vae_dir``).
+``VAEBuild`` builds one in a thread (``cosmos3.background_build``), so a pipeline can be ready before diffusers'
+import (5-6 s on the CPU machine, 12-17 s on the H200 host) and the weights are; what can be checked without
+diffusers is checked first, in the caller (``check_vae_dir``).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import torch
 
-from cosmos3.checkpoint_header import VAE_WEIGHTS, check_vae_dir
+from cosmos3.background_build import BackgroundBuild
+from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS, check_vae_dir
 from cosmos3.config import VAEConfig
 from cosmos3.errors import CheckpointError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
@@ -61,7 +60,7 @@ class WanVAE:
         # and then copies: 15.5 s of a Nano worker's start on the H200 (benchmarks/results/h200-2026-12-01-render.md).
         with torch.device("meta"):
             vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(path)))
-        weights = path / VAE_WEIGHTS
+        weights = path / DIFFUSERS_WEIGHTS
         state = {k: v.to(dtype) for k, v in load_file(weights, device=str(device)).items()}
         try:
             vae.load_state_dict(state, strict=True, assign=True)
@@ -110,60 +109,15 @@ class WanVAE:
         return untiled_bytes > free + cached
 
 
-class VAEBuild:
-    """A ``WanVAE`` built in a thread. ``config`` (``vae/config.json``) is known at once; ``wait()`` blocks until the
-    VAE is on its device; ``seconds`` is the build's own duration, diffusers' import included (None until it has
-    ended).
-
-    The thread builds on the CPU and makes no CUDA call: a first job may be capturing CUDA graphs meanwhile, and
-    CUDA refuses other threads' allocations during a capture. The move to the device happens in the thread that
-    first needs the VAE (``wait``), so a job waits only where it uses the VAE: at I2V/V2V's encode, at decode.
-    """
+class VAEBuild(BackgroundBuild[WanVAE]):
+    """A ``WanVAE`` built in the background (``cosmos3.background_build``). ``config`` (``vae/config.json``) is known
+    at once; ``check_vae_dir`` runs in the caller, so what it finds raises here. A failed build is a VAELoadError."""
 
     def __init__(self, path: Path, *, latent_channel: int, device: torch.device, dtype: torch.dtype):
-        """Runs ``check_vae_dir`` in the caller, so what it finds raises here, then starts the build."""
         self.path = path
         self.config = check_vae_dir(path, latent_channel)
-        self.seconds: float | None = None
-        self._device = device
-        self._vae: WanVAE | None = None
-        self._on_device = False
-        self._error: Exception | None = None
-        self._done = threading.Event()
-        threading.Thread(target=self._build, args=(dtype,), name="build-vae", daemon=True).start()
-
-    def _build(self, dtype: torch.dtype) -> None:
-        started = time.perf_counter()
-        try:
-            self._vae = WanVAE.build(self.path, self.config, device=torch.device("cpu"), dtype=dtype)
-        except Exception as err:  # kept for result(), which raises it where the VAE is needed
-            self._error = err
-        finally:
-            self.seconds = time.perf_counter() - started
-            self._done.set()
-
-    def raise_if_failed(self) -> None:
-        """Raises the build's VAELoadError now if it has already failed; never waits."""
-        if self._done.is_set():
-            self._check()
-
-    def wait(self) -> float:
-        """Blocks until the VAE is built and on its device; returns the seconds that took here (0.0 once done)."""
-        if self._on_device:
-            return 0.0
-        started = time.perf_counter()
-        self._done.wait()
-        self._check()
-        self._vae.to(self._device)
-        self._on_device = True
-        return time.perf_counter() - started
-
-    def result(self) -> WanVAE:
-        """The VAE on its device, once built. Raises VAELoadError, at every call, when the build failed."""
-        self.wait()
-        return self._vae
-
-    def _check(self) -> None:
-        if self._error is not None:
-            raise VAELoadError(f"{self.path}: the VAE did not build: "
-                               f"{type(self._error).__name__}: {self._error}") from self._error
+        super().__init__(
+            lambda: WanVAE.build(path, self.config, device=torch.device("cpu"), dtype=dtype),
+            device=device, name="build-vae",
+            failure=lambda err: VAELoadError(f"{path}: the VAE did not build: {type(err).__name__}: {err}"),
+        )

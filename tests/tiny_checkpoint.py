@@ -14,8 +14,8 @@ with a ChatML template) and ``scheduler/`` (UniPC on flow sigmas, or the distill
 recipe), and with ``sound=True`` ``sound_tokenizer/`` (a tiny diffusers ``Cosmos3AVAEAudioTokenizer``,
 decoder only, 8 kHz, hop 320 = 25 latent frames per second as the published 48 kHz / 1920).
 
-``mismatch_vae_weights(root, how)`` breaks a checkpoint's VAE in a way only diffusers' model sees: one tensor
-renamed or misshapen, the file and its header still whole.
+``mismatch_weights(root, how)`` breaks a checkpoint's VAE (or sound tokenizer) in a way only diffusers' model
+sees: one tensor renamed or misshapen, the file and its header still whole.
 
 Overrides: ``scheduler=`` replaces the scheduler config when it names a ``_class_name``, else is
 merged into it; ``vae=`` is merged into the VAE constructor arguments; every other key goes to the
@@ -164,11 +164,12 @@ def make_tiny_checkpoint(root: Path, *, seed: int = 0, sound: bool = False, **ov
     return root
 
 
-def mismatch_vae_weights(root: Path, how: str) -> Path:
-    """Rename (``how="renamed"``) or misshape (``"misshapen"``) the first tensor of ``root``'s VAE weights."""
+def mismatch_weights(root: Path, how: str, component: str = "vae") -> Path:
+    """Rename (``how="renamed"``) or misshape (``"misshapen"``) the first tensor of ``root``'s ``component``'s
+    weights (``vae``, ``sound_tokenizer``)."""
     from safetensors.torch import load_file, save_file
 
-    path = Path(root) / "vae" / "diffusion_pytorch_model.safetensors"
+    path = Path(root) / component / "diffusion_pytorch_model.safetensors"
     tensors = load_file(path)
     key = min(tensors)
     if how == "renamed":

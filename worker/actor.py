@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import ray
 import structlog
 
-from cosmos3.errors import VAELoadError
+from cosmos3.errors import BackgroundLoadError
 from cosmos3.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import WorkerStartError
@@ -44,11 +44,13 @@ class Output(Protocol):
 
 
 # Every sidecar carries these keys; a figure that does not apply (GPU memory on a CPU worker, a fake
-# renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" is the VAE build's own
-# seconds, which on a cosmos3 worker run in the background, beside the rest and after ready(); "total" is the
-# pipeline's load until it was ready, and the sidecar's "worker" the whole start until ready().
+# renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" and "sound_tokenizer" are
+# their builds' own seconds, which on a cosmos3 worker run in the background, beside the rest and after ready()
+# (the sound tokenizer's is None on a silent checkpoint); "tokenizer" is the text tokenizer's own, beside the
+# transformer's load; "total" is the pipeline's load until it was ready, and the sidecar's "worker" the whole
+# start until ready().
 WORKER_START_FIELDS = ("ops", "tokenizer", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
-                       "checkpoint_gb_per_s", "vae", "total")
+                       "checkpoint_gb_per_s", "vae", "sound_tokenizer", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
                  "vae_decode_tiled")
 
@@ -63,7 +65,7 @@ class Renderer(Protocol):
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
-        cosmos3's VAELoadError when what it loads after start failed: the worker's start, not the job."""
+        cosmos3's BackgroundLoadError when what it loads after start failed: the worker's start, not the job."""
 
 
 PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor holds a GPU) -> renderer
@@ -190,7 +192,7 @@ class RenderWorker:
         try:
             with gpu_telemetry.Sampler(self._telemetry, on_sample=None if gauges is None else gauges.sample) as sampler:
                 output = self._renderer(job.request, StepProgress(self._progress, job.key))
-        except VAELoadError as err:  # the driver treats it as this worker's failed start
+        except BackgroundLoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV

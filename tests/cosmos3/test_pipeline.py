@@ -23,14 +23,14 @@ import pytest
 import torch
 
 from cosmos3 import pipeline
-from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
+from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from cosmos3.prompt import PromptSpec, PromptTokenizer
 from cosmos3.vae import VAEBuild, WanVAE
-from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_vae_weights
+from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_weights
 
 STEPS = 3
 PROMPT = "A red robot walks through a city at night"
@@ -650,7 +650,7 @@ def test_a_text_tokenizer_that_does_not_load_is_a_checkpoint_error_naming_its_di
 
 @pytest.mark.parametrize("how", ["renamed", "misshapen"])
 def test_vae_weights_only_diffusers_can_refuse_fail_every_job_of_a_background_load(root, tmp_path, how):
-    broken = _broken_copy(root, tmp_path, lambda vae: mismatch_vae_weights(vae.parent, how))
+    broken = _broken_copy(root, tmp_path, lambda vae: mismatch_weights(vae.parent, how))
     message = rf"broken/vae: the VAE did not build: CheckpointError: .*{WEIGHTS}: does not match vae/config.json"
     with pytest.raises(VAELoadError, match=message):
         Cosmos3Pipeline.from_pretrained(broken)

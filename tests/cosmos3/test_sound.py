@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-from cosmos3.config import Cosmos3Config, SoundConfig, read_sound_support
-from cosmos3.errors import CheckpointError, ConfigError, PipelineError
+from cosmos3.audio import SoundTokenizer
+from cosmos3.checkpoint_header import check_sound_dir
+from cosmos3.config import Cosmos3Config, SoundConfig
+from cosmos3.errors import BackgroundLoadError, CheckpointError, ConfigError, PipelineError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, STEPS, ModelSpy, job
-from tests.tiny_checkpoint import TINY_SOUND_TOKENIZER, make_tiny_checkpoint
+from tests.tiny_checkpoint import TINY_SOUND_TOKENIZER, make_tiny_checkpoint, mismatch_weights
 
 RATE = TINY_SOUND_TOKENIZER["sampling_rate"]
 HOP = 320  # prod(dec_strides) of the tiny tokenizer: 8000 Hz / 320 = 25 latent frames per second
@@ -218,9 +221,11 @@ def _break(folder, how: str) -> None:
                      r"expected a Cosmos3AVAEAudioTokenizer config, got 'AutoencoderOobleck'", id="wrong-class"),
         pytest.param("dim-mismatch", ConfigError, r"vocoder_input_dim=16 does not match the transformer's sound_dim=8",
                      id="dim-mismatch"),
-        pytest.param("weights-truncated", CheckpointError, r"sound_tokenizer: cannot load the sound tokenizer",
+        pytest.param("weights-truncated", CheckpointError,
+                     r"sound_tokenizer/diffusion_pytorch_model.safetensors: .*(truncated|bytes)",
                      id="weights-truncated"),
-        pytest.param("weights-missing", CheckpointError, r"sound_tokenizer: cannot load the sound tokenizer",
+        pytest.param("weights-missing", CheckpointError,
+                     r"sound_tokenizer: no diffusion_pytorch_model.safetensors \(the sound tokenizer's weights\)",
                      id="weights-missing"),
     ],
 )
@@ -228,11 +233,50 @@ def test_a_broken_sound_tokenizer_folder_is_refused_naming_it(root, tmp_path, ho
     broken = tmp_path / "ckpt"
     shutil.copytree(root, broken)
     _break(broken / "sound_tokenizer", how)
-    with pytest.raises(error, match=message):
-        Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32)
-    if error is ConfigError:  # the torch-free reader (what farm validate runs) refuses it the same way
+    for vae_load in ("eager", "background"):  # before anything loads, either way
         with pytest.raises(error, match=message):
-            read_sound_support(broken, Cosmos3Config.from_json(broken / "transformer" / "config.json"))
+            Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32, vae_load=vae_load)
+    # the torch-free check (what farm validate runs) refuses it the same way
+    with pytest.raises(error, match=message):
+        check_sound_dir(broken, Cosmos3Config.from_json(broken / "transformer" / "config.json"))
+
+
+def test_sound_tokenizer_weights_only_diffusers_can_refuse_fail_every_job_of_a_background_load(root, tmp_path):
+    broken = mismatch_weights(shutil.copytree(root, tmp_path / "broken"), "misshapen", "sound_tokenizer")
+    message = r"broken/sound_tokenizer: the sound tokenizer did not build: CheckpointError: .*cannot load the sound"
+    with pytest.raises(BackgroundLoadError, match=message):
+        Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32)
+
+    background = Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32, vae_load="background")
+    for sound in (True, False):  # the checkpoint is broken: a silent job does not render either
+        with pytest.raises(BackgroundLoadError, match=message):
+            background(job("t2v", sound=sound))
+
+
+def test_a_background_sound_tokenizer_is_built_after_from_pretrained_returns_and_waited_for_at_the_decode(
+        root, pipe, monkeypatch):
+    # Its build blocks until the job's last step: from_pretrained can only return without it, and a job that
+    # waited for it before its steps would never get there.
+    last_step, load = threading.Event(), SoundTokenizer.from_pretrained.__func__
+
+    def load_after_the_steps(cls, *args, **kwargs):
+        assert last_step.wait(timeout=60), "the job did not denoise before waiting for the sound tokenizer"
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(SoundTokenizer, "from_pretrained", classmethod(load_after_the_steps))
+    background = Cosmos3Pipeline.from_pretrained(root, dtype=torch.float32, vae_load="background")
+    assert background.load_timings["sound_tokenizer"] is None
+
+    def on_step(i, n):
+        if i == n - 1:
+            last_step.set()
+
+    out = background(job("t2v", seed=3, sound=True), callback=on_step)
+    assert out.timings["vae_wait"] > 0 and background.load_timings["sound_tokenizer"] > 0
+    expected = pipe(job("t2v", seed=3, sound=True))
+    np.testing.assert_array_equal(out.sound, expected.sound)
+    np.testing.assert_array_equal(out.frames, expected.frames)
+    assert background(job("t2v")).timings["vae_wait"] == 0.0
 
 
 # -- the GPU: graphs and static FP8 with sound on ------------------------------------------------------

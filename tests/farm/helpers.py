@@ -34,7 +34,7 @@ SOUND_TOKENIZER = {"_class_name": "Cosmos3AVAEAudioTokenizer", "sampling_rate": 
 def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = UNIPC, sound: bool = False) -> Path:
     """Just enough of the published layout for the driver and the fake pipelines, which load no weights: the
     configs cosmos3 checks requests and load options against (transformer, scheduler, VAE, sound tokenizer)
-    and a whole safetensors file, which validation reads the header of."""
+    and whole safetensors files, which validation reads the headers of."""
     config: dict[str, Any] = dict(TRANSFORMER)
     if static_fp8:
         config["quantization_config"] = STATIC_FP8_QUANT
@@ -47,12 +47,14 @@ def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = U
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(json.dumps(data))
     write_weights(root / "transformer", static_fp8=static_fp8)
-    write_vae_weights(root / "vae")
+    for decoder in ("vae", "sound_tokenizer") if sound else ("vae",):
+        write_decoder_weights(root / decoder)
     return root
 
 
-def write_vae_weights(directory: Path) -> Path:
-    """A whole safetensors file where the VAE's weights go: validation reads its header, no fake loads it."""
+def write_decoder_weights(directory: Path) -> Path:
+    """A whole safetensors file where the VAE's (or sound tokenizer's) weights go: validation reads its header,
+    no fake loads it."""
     import torch
     from safetensors.torch import save_file
 

@@ -19,13 +19,13 @@ import pytest
 from safetensors import safe_open
 
 from cosmos3.checkpoint import SKIPPED
-from cosmos3.checkpoint_header import VAE_WEIGHTS as WEIGHTS
+from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
 from cosmos3.fp8_export import export_fp8
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
 from farm import driver, manifest, storage
 from farm.errors import ManifestError
 from tests.farm.helpers import events, local_cluster, output_files, write_manifest
-from tests.tiny_checkpoint import make_tiny_checkpoint, mismatch_vae_weights
+from tests.tiny_checkpoint import make_tiny_checkpoint, mismatch_weights
 from worker import encode
 
 PROMPT = "a red robot walks through a city at night"
@@ -159,7 +159,7 @@ def test_a_vae_only_diffusers_can_refuse_stalls_the_run_as_a_worker_that_cannot_
     """Issue 15: a VAE only diffusers can refuse fails after ready(), and the run sees a failed start as before."""
     root = tmp_path / "broken"
     shutil.copytree(checkpoints["bf16"], root)
-    mismatch_vae_weights(root, "renamed")
+    mismatch_weights(root, "renamed")
     path = write_manifest(tmp_path, JOBS[:2], model={"checkpoint": str(root)}, defaults={"size": [32, 32], "steps": 2})
     report = driver.submit(manifest.load(path), driver.SubmitOptions(workers=1, progress=False))
     cause = (rf"WorkerStartError: \S+/vae: the VAE did not build: CheckpointError: \S+/vae/{WEIGHTS}: "
