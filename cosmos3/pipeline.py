@@ -216,9 +216,9 @@ class Cosmos3Pipeline:
         started = clock()
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
-        # Two threads import under LIBRARY_IMPORT: the text tokenizer's takes it first, then the VAE's (diffusers),
-        # both beside the transformer's load. Started after the VAE's, the tokenizer waited for diffusers' whole
-        # import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
+        # Threads that import under LIBRARY_IMPORT, all beside the transformer's load: the text tokenizer's takes it
+        # first, then the VAE's and the sound tokenizer's (diffusers). Started after the VAE's, the tokenizer waited
+        # for diffusers' whole import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
         tokenizer_load = PromptTokenizer.load_in_background(root / "text_tokenizer")
         timings = {"ops": ops_seconds}
         config = Cosmos3Config.from_json(transformer_dir(root) / "config.json")
@@ -226,7 +226,7 @@ class Cosmos3Pipeline:
                        dtype=dtype if device.type == "cuda" else torch.float32)
         sound = check_sound_dir(root, config)
         sound_tokenizer = None
-        if sound.config is not None:  # in fp32, like the VAE on the CPU
+        if sound.config is not None:
             sound_tokenizer = SoundTokenizer.build_in_background(root / SOUND_TOKENIZER_DIR, sound.config,
                                                                  device=device)
         if model is None:
