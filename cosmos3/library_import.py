@@ -6,8 +6,8 @@ AutoencoderKLWan` raised ImportError in 5 runs out of 5 (diffusers 0.42, Python 
 `from diffusers import FlowMatchEulerDiscreteScheduler` beside a background VAE build did the same. So did the
 text tokenizer's `from transformers import AutoTokenizer` beside it under CI's load: diffusers' VAE module imports
 `transformers.PreTrainedModel` lazily ("cannot import name 'PreTrainedModel' from 'transformers'"). A render
-worker's text tokenizer loads, and its VAE and sound tokenizer build, in threads (cosmos3.prompt.TokenizerLoad,
-cosmos3.background_build), so every such import of cosmos3 holds this lock.
+worker's text tokenizer loads, and its VAE and sound tokenizer build, in threads (cosmos3.background_build), so
+every such import of cosmos3 holds this lock.
 """
 
 from __future__ import annotations

@@ -9,11 +9,10 @@ generation tokens begin. The negative prompt carries the *inverse* metadata sent
 from __future__ import annotations
 
 import threading
-import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosmos3.background_build import BackgroundBuild
 from cosmos3.errors import CheckpointError
 from cosmos3.library_import import LIBRARY_IMPORT
 
@@ -92,14 +91,24 @@ class PromptTokenizer:
             return cls._load(path)
 
     @classmethod
-    def load_in_background(cls, path: str | Path) -> TokenizerLoad:
+    def load_in_background(cls, path: str | Path) -> BackgroundBuild[PromptTokenizer]:
         """``from_pretrained`` in a thread, so transformers' import overlaps the caller's next work (the
         transformer's load). Its first import took 14 s in a farm worker on an H200 host: transformers 5.17 brings
         in ``torch.distributed.tensor``, sympy and scikit-learn (benchmarks/results/h200-2026-12-03-session26.md).
         A missing ``tokenizer_config.json`` raises here; what the load raises, at ``result()``. Returns once the
         thread holds LIBRARY_IMPORT, so an import the caller starts next (the VAE's, which pulls in transformers
         too) waits for this one instead of the reverse."""
-        return TokenizerLoad(cls, _tokenizer_dir(path))
+        path = _tokenizer_dir(path)
+        holding = threading.Event()
+
+        def load() -> PromptTokenizer:
+            with LIBRARY_IMPORT:
+                holding.set()
+                return cls._load(path)
+
+        build = BackgroundBuild(load, name="load-tokenizer")
+        holding.wait()
+        return build
 
     @classmethod
     def _load(cls, path: Path) -> PromptTokenizer:
@@ -127,32 +136,3 @@ class PromptTokenizer:
         uncond = self.encode(with_metadata(negative_prompt, spec, negative=True), spec.kind)
         return cond, uncond
 
-
-class TokenizerLoad:
-    """A ``PromptTokenizer`` loading in its own thread (``PromptTokenizer.load_in_background``); ``seconds`` is the
-    load's own duration, transformers' import included (None until it has ended)."""
-
-    def __init__(self, cls: type[PromptTokenizer], path: Path):
-        self.seconds: float | None = None
-        self._future: Future[PromptTokenizer] = Future()
-        holding = threading.Event()
-        threading.Thread(target=self._load, args=(cls, path, holding), name="load-tokenizer", daemon=True).start()
-        holding.wait()
-
-    def _load(self, cls: type[PromptTokenizer], path: Path, holding: threading.Event) -> None:
-        started = time.perf_counter()
-        with LIBRARY_IMPORT:
-            holding.set()
-            try:
-                tokenizer, error = cls._load(path), None
-            except Exception as err:  # raised by result(), in the thread that needs the tokenizer
-                tokenizer, error = None, err
-        self.seconds = time.perf_counter() - started  # before result() can return
-        if error is None:
-            self._future.set_result(tokenizer)
-        else:
-            self._future.set_exception(error)
-
-    def result(self) -> PromptTokenizer:
-        """Waits for the load; raises what it raised."""
-        return self._future.result()
