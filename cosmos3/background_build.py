@@ -37,7 +37,10 @@ class BackgroundBuild(Generic[T]):
         self._ready = False
         self._error: Exception | None = None
         self._done = threading.Event()
-        threading.Thread(target=self._build, args=(build,), name=name, daemon=True).start()
+        # Not a daemon: the interpreter's exit waits for the build. A daemon thread still inside torch when the
+        # process exits (a worker stopped right after its start, a script that only loads) aborted it with
+        # "terminate called without an active exception" (exit status 134).
+        threading.Thread(target=self._build, args=(build,), name=name, daemon=False).start()
 
     def _build(self, build: Callable[[], T]) -> None:
         started = time.perf_counter()

@@ -719,6 +719,42 @@ def test_every_library_import_holds_the_lock_beside_the_vae_build(vae_load):
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+# Run in a fresh process: the VAE's build begins only once the main thread has ended (the interpreter's exit has
+# begun), then marks that it finished.
+EXIT_DURING_BUILD = """
+import sys, threading, time
+from pathlib import Path
+from cosmos3.pipeline import Cosmos3Pipeline
+from cosmos3.vae import WanVAE
+
+build = WanVAE.build.__func__
+
+
+def build_after_main_ended(cls, *args, **kwargs):
+    while threading.main_thread().is_alive():
+        time.sleep(0.01)
+    vae = build(cls, *args, **kwargs)
+    Path(sys.argv[2]).touch()
+    return vae
+
+
+WanVAE.build = classmethod(build_after_main_ended)
+Cosmos3Pipeline.from_pretrained(sys.argv[1], vae_load="background")
+"""
+
+
+def test_a_process_exits_only_once_its_background_builds_have_ended(tmp_path):
+    """A worker stopped right after its start, or a script that only loads, exits while the VAE (and the sound
+    tokenizer) still build: the exit waits for them. A daemon build thread was abandoned inside torch instead, which
+    aborted the process ("terminate called without an active exception", exit status 134) in 4 of 4 runs of a
+    script that made the tiny sound checkpoint, loaded it and returned."""
+    built = tmp_path / "built"
+    run = subprocess.run([sys.executable, "-c", EXIT_DURING_BUILD, str(TOY_FP8), str(built)], capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0 and "terminate called" not in run.stderr, run.stderr[-3000:]
+    assert built.exists(), "the process exited before the VAE's build ended"
+
+
 def test_an_unknown_vae_load_is_refused(root):
     with pytest.raises(ValueError, match=r"vae_load='lazy': expected one of eager, background"):
         Cosmos3Pipeline.from_pretrained(root, vae_load="lazy")
