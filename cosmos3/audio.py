@@ -44,7 +44,9 @@ class SoundTokenizer:
         except (OSError, ValueError, RuntimeError, NotImplementedError, SafetensorError) as err:
             raise CheckpointError(
                 f"{path}: cannot load the sound tokenizer ({type(err).__name__}: {err}); "
-                "re-export the checkpoint's sound_tokenizer/ folder, or render with sound off"
+                "re-export the checkpoint's sound_tokenizer/ folder, or move it out of the checkpoint to render "
+                "silent clips (sound off does not help: a pipeline whose sound tokenizer did not load refuses "
+                "every job)"
             ) from None
         return cls(tokenizer.to(device).eval(), config)
 

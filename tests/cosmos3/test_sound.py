@@ -252,6 +252,12 @@ def test_sound_tokenizer_weights_only_diffusers_can_refuse_fail_every_job_of_a_b
         with pytest.raises(BackgroundLoadError, match=message):
             background(job("t2v", sound=sound))
 
+    # The message's advice works: without the folder the checkpoint renders silent clips.
+    with pytest.raises(BackgroundLoadError, match="or move it out of the checkpoint to render silent clips"):
+        background(job("t2v"))
+    shutil.rmtree(broken / "sound_tokenizer")
+    assert Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32)(job("t2v")).sound is None
+
 
 def test_a_background_sound_tokenizer_is_built_after_from_pretrained_returns_and_waited_for_at_the_decode(
         root, pipe, monkeypatch):
