@@ -15,7 +15,7 @@ import torch
 
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.config import SoundConfig
-from cosmos3.errors import BackgroundLoadError, CheckpointError
+from cosmos3.errors import CheckpointError, SoundTokenizerLoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 
 
@@ -44,9 +44,8 @@ class SoundTokenizer:
         except (OSError, ValueError, RuntimeError, NotImplementedError, SafetensorError) as err:
             raise CheckpointError(
                 f"{path}: cannot load the sound tokenizer ({type(err).__name__}: {err}); "
-                "re-export the checkpoint's sound_tokenizer/ folder, or move it out of the checkpoint to render "
-                "silent clips (sound off does not help: a pipeline whose sound tokenizer did not load refuses "
-                "every job)"
+                "re-export the checkpoint's sound_tokenizer/ folder (meanwhile a farm still renders the jobs with "
+                "sound: false, and with the folder moved out the checkpoint renders silent clips anywhere)"
             ) from None
         return cls(tokenizer.to(device).eval(), config)
 
@@ -59,7 +58,7 @@ class SoundTokenizer:
         return BackgroundBuild(
             lambda: cls.from_pretrained(path, config, device=torch.device("cpu")),
             device=device, name="build-sound-tokenizer",
-            failure=lambda err: BackgroundLoadError(f"{path}: the sound tokenizer did not build: "
+            failure=lambda err: SoundTokenizerLoadError(f"{path}: the sound tokenizer did not build: "
                                                     f"{type(err).__name__}: {err}"),
         )
 

@@ -43,9 +43,14 @@ class PipelineError(Cosmos3Error):
 
 class BackgroundLoadError(Cosmos3Error):
     """A component built in the background (``cosmos3.background_build``: the VAE, the sound tokenizer) did not
-    build, after the checks that need no diffusers had passed. Every job raises it: the fault is the load's, never
-    the job's."""
+    build, after the checks that need no diffusers had passed. Every job that needs the component raises it: the
+    fault is the load's, never the job's."""
 
 
 class VAELoadError(BackgroundLoadError):
-    """The VAE did not build in diffusers (its weights do not match ``vae/config.json``, or diffusers failed)."""
+    """The VAE did not build in diffusers (its weights do not match ``vae/config.json``, or diffusers failed): every
+    job needs it."""
+
+
+class SoundTokenizerLoadError(BackgroundLoadError):
+    """The sound tokenizer did not build in diffusers: the jobs with sound raise it; silent ones still render."""

@@ -156,7 +156,7 @@ class Cosmos3Pipeline:
 
     @property
     def sound_tokenizer(self) -> SoundTokenizer | None:
-        """None on a silent checkpoint; else like ``vae``. Raises BackgroundLoadError when its build failed."""
+        """None on a silent checkpoint; else like ``vae``. Raises SoundTokenizerLoadError when its build failed."""
         return None if self._sound_tokenizer is None else self._sound_tokenizer.result()
 
     @property
@@ -167,8 +167,9 @@ class Cosmos3Pipeline:
         sound = None if self._sound_tokenizer is None else self._sound_tokenizer.seconds
         return {**self._load_timings, "vae": self._vae.seconds, "sound_tokenizer": sound}
 
-    def _decoders(self) -> tuple[BackgroundBuild, ...]:
-        return (self._vae,) if self._sound_tokenizer is None else (self._vae, self._sound_tokenizer)
+    def _decoders(self, *, sound: bool = True) -> tuple[BackgroundBuild, ...]:
+        """The builds a job needs: the VAE, and the sound tokenizer where it has sound (``sound``)."""
+        return (self._vae,) if self._sound_tokenizer is None or not sound else (self._vae, self._sound_tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -198,10 +199,10 @@ class Cosmos3Pipeline:
         import never waits for diffusers').
         The sound tokenizer (an audio VAE) builds like the VAE, in a third thread.
         ``vae_load="eager"`` (the default) returns with both built, and raises a failed build's error
-        (VAELoadError, BackgroundLoadError for sound). ``"background"`` (the farm's workers) returns as soon as the
+        (VAELoadError, SoundTokenizerLoadError). ``"background"`` (the farm's workers) returns as soon as the
         transformer, text tokenizer and recipe are ready; the VAE and the sound tokenizer build on the CPU meanwhile
         and move to the device where a job first needs them (I2V/V2V's encode, the decode: ``timings["vae_wait"]``);
-        every job raises the error of a build that failed.
+        a failed VAE fails every job, a failed sound tokenizer every job with sound (silent ones still render).
         Either way what needs no diffusers fails here: ``vae/`` is checked before the transformer loads
         (``cosmos3.checkpoint_header.check_vae_dir``: config.json, z_dim against the transformer's latent_channel,
         the weights' header), as ``farm validate`` checks it.
@@ -321,7 +322,7 @@ class Cosmos3Pipeline:
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
         plan = resolve(request, self.rules)  # a refused request is the request's fault: it never waits for the VAE
-        for build in self._decoders():  # a decoder known broken fails the job before it spends the GPU
+        for build in self._decoders(sound=plan.sound_frames is not None):  # known broken: fail before the GPU works
             build.raise_if_failed()
         # A job waits for a VAE still building only where it needs it (I2V/V2V's encode, the decode): the build
         # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).

@@ -12,7 +12,8 @@ nothing until one has ended. A job is done when its publish has returned and ver
 
 Failure policies (reference/farm-anchors.md §6):
 - a job the model refuses (cosmos3's PipelineError or ConfigError: the user's mistake) fails at once, without
-  retries, and does not count against its worker;
+  retries, and does not count against its worker; so does a job with sound when the checkpoint's sound tokenizer
+  did not build (SoundTokenizerLoadError: no worker could make its sound), while its silent jobs render;
 - any other failed attempt is requeued, on a *different* worker while one that has not failed it is alive;
 - Ray has no task timeout, so an attempt past its job's timeout gets its worker killed and replaced;
 - a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU); storage faults
@@ -42,7 +43,7 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from cosmos3.errors import ConfigError, PipelineError
+from cosmos3.errors import ConfigError, PipelineError, SoundTokenizerLoadError
 from farm import lease, storage
 from farm.errors import OutputPathError, StorageFault, WorkerStartError
 from farm.events import RunLog
@@ -50,9 +51,9 @@ from farm.job import Job, JobState
 from farm.metrics import RunMetrics
 
 RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
-# A job every worker would refuse: the model's rules, or an output path that leads out of the root (a symlink
-# made after validation).
-USER_ERRORS = (PipelineError, ConfigError, OutputPathError)
+# A job every worker would refuse: the model's rules, an output path that leads out of the root (a symlink made
+# after validation), or sound from a checkpoint whose sound tokenizer diffusers could not build.
+USER_ERRORS = (PipelineError, ConfigError, OutputPathError, SoundTokenizerLoadError)
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's process to be gone
 
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import ray
 import structlog
 
-from cosmos3.errors import BackgroundLoadError
+from cosmos3.errors import BackgroundLoadError, SoundTokenizerLoadError
 from cosmos3.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import WorkerStartError
@@ -65,7 +65,8 @@ class Renderer(Protocol):
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
-        cosmos3's BackgroundLoadError when what it loads after start failed: the worker's start, not the job."""
+        cosmos3's BackgroundLoadError when what it loads after start failed: the worker's start, not the job (its
+        SoundTokenizerLoadError only for a job with sound: that job cannot render on any worker)."""
 
 
 PipelineFactory = Callable[[ModelSpec, bool], Renderer]  # (model, the actor holds a GPU) -> renderer
@@ -192,6 +193,8 @@ class RenderWorker:
         try:
             with gpu_telemetry.Sampler(self._telemetry, on_sample=None if gauges is None else gauges.sample) as sampler:
                 output = self._renderer(job.request, StepProgress(self._progress, job.key))
+        except SoundTokenizerLoadError:  # this job's sound, on every worker: the driver refuses the job
+            raise
         except BackgroundLoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)

@@ -19,7 +19,7 @@ import torch
 from cosmos3.audio import SoundTokenizer
 from cosmos3.checkpoint_header import check_sound_dir
 from cosmos3.config import Cosmos3Config, SoundConfig
-from cosmos3.errors import BackgroundLoadError, CheckpointError, ConfigError, PipelineError
+from cosmos3.errors import CheckpointError, ConfigError, PipelineError, SoundTokenizerLoadError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, STEPS, ModelSpy, job
 from tests.tiny_checkpoint import TINY_SOUND_TOKENIZER, make_tiny_checkpoint, mismatch_weights
@@ -241,19 +241,26 @@ def test_a_broken_sound_tokenizer_folder_is_refused_naming_it(root, tmp_path, ho
         check_sound_dir(broken, Cosmos3Config.from_json(broken / "transformer" / "config.json"))
 
 
-def test_sound_tokenizer_weights_only_diffusers_can_refuse_fail_every_job_of_a_background_load(root, tmp_path):
+def test_sound_tokenizer_weights_only_diffusers_can_refuse_fail_the_jobs_with_sound_and_only_them(
+        root, pipe, tmp_path):
     broken = mismatch_weights(shutil.copytree(root, tmp_path / "broken"), "misshapen", "sound_tokenizer")
     message = r"broken/sound_tokenizer: the sound tokenizer did not build: CheckpointError: .*cannot load the sound"
-    with pytest.raises(BackgroundLoadError, match=message):
+    with pytest.raises(SoundTokenizerLoadError, match=message):  # loaded eagerly, the pipeline is refused
         Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32)
 
     background = Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32, vae_load="background")
-    for sound in (True, False):  # the checkpoint is broken: a silent job does not render either
-        with pytest.raises(BackgroundLoadError, match=message):
-            background(job("t2v", sound=sound))
+    with pytest.raises(SoundTokenizerLoadError, match=message):  # waits for the build at its decode
+        background(job("t2v", seed=2))
+    steps = []
+    with pytest.raises(SoundTokenizerLoadError, match=message):  # the build is known broken: before any step
+        background(job("t2v", seed=2), callback=lambda i, n: steps.append(i))
+    assert steps == []
+    silent = background(job("t2v", seed=2, sound=False))  # the same transformer and VAE as the good checkpoint
+    assert silent.sound is None
+    np.testing.assert_array_equal(silent.frames, pipe(job("t2v", seed=2, sound=False)).frames)
 
-    # The message's advice works: without the folder the checkpoint renders silent clips.
-    with pytest.raises(BackgroundLoadError, match="or move it out of the checkpoint to render silent clips"):
+    # The message's advice works: with the folder moved out, the checkpoint renders silent clips anywhere.
+    with pytest.raises(SoundTokenizerLoadError, match="with the folder moved out the checkpoint renders silent clips"):
         background(job("t2v"))
     shutil.rmtree(broken / "sound_tokenizer")
     assert Cosmos3Pipeline.from_pretrained(broken, dtype=torch.float32)(job("t2v")).sound is None

@@ -6,7 +6,8 @@ in `markers` remembers it across worker processes); `wait-for PATH` holds the jo
 exists, so a test decides when it may finish. Otherwise it is `worker.fake`'s sleeping renderer.
 
 Factories that fail a worker's start do it in `__init__` (`bad_gpu_zero`, `no_gpu_works`) or, as a GPU worker whose
-VAE's background build failed, in every job after `ready()` (`vae_fails_on_gpu_zero`, `no_vae_loads`).
+VAE's background build failed, in every job after `ready()` (`vae_fails_on_gpu_zero`, `no_vae_loads`);
+`no_sound_tokenizer_loads` fails only the jobs with sound, as a worker whose sound tokenizer did not build.
 `publish_beside_render` holds one seed's publish beside the next seed's render (and can crash or hang them there).
 """
 
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import ray
 
-from cosmos3.errors import VAELoadError
-from cosmos3.request import RenderRequest, RequestRules
+from cosmos3.errors import SoundTokenizerLoadError, VAELoadError
+from cosmos3.request import RenderRequest, RequestRules, resolve
 from worker.fake import FakeRenderer
 
 
@@ -74,6 +75,21 @@ class VAELessRenderer(FakeRenderer):
                            "diffusion_pytorch_model.safetensors: does not match vae/config.json (scripted)")
 
 
+class SoundlessRenderer(FakeRenderer):
+    """Ready, but its sound tokenizer's build failed: a job with sound raises SoundTokenizerLoadError, as
+    Cosmos3Pipeline's do then; silent jobs render."""
+
+    def __init__(self, rules: RequestRules, checkpoint: str, seconds_per_step: float):
+        super().__init__(rules, seconds_per_step)
+        self.folder = Path(checkpoint) / "sound_tokenizer"
+
+    def __call__(self, request: RenderRequest, callback):
+        if resolve(request, self.rules).sound_frames is not None:
+            raise SoundTokenizerLoadError(f"{self.folder}: the sound tokenizer did not build: CheckpointError: "
+                                          f"{self.folder}: cannot load the sound tokenizer (scripted)")
+        return super().__call__(request, callback)
+
+
 def _on_gpu_zero() -> bool:
     return ray.get_runtime_context().get_accelerator_ids()["GPU"] == ["0"]
 
@@ -94,6 +110,10 @@ def vae_fails_on_gpu_zero(model, gpu: bool, *, seconds_per_step: float = 0.01) -
 
 def no_vae_loads(model, gpu: bool, *, seconds_per_step: float = 0.01) -> VAELessRenderer:
     return VAELessRenderer(RequestRules.from_checkpoint(model.checkpoint), model.checkpoint, seconds_per_step)
+
+
+def no_sound_tokenizer_loads(model, gpu: bool, *, seconds_per_step: float = 0.01) -> SoundlessRenderer:
+    return SoundlessRenderer(RequestRules.from_checkpoint(model.checkpoint), model.checkpoint, seconds_per_step)
 
 
 def no_gpu_works(model, gpu: bool) -> FakeRenderer:

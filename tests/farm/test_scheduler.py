@@ -211,6 +211,25 @@ def test_when_no_worker_can_start_the_run_ends_once_the_init_failure_budget_is_s
     assert kinds.count("worker_retired") == GPUS
 
 
+def test_a_sound_tokenizer_that_did_not_build_fails_the_jobs_with_sound_once_and_renders_the_silent_ones(tmp_path):
+    jobs = [{"id": "clip", "prompt": "a"}, {"id": "silent", "prompt": "b", "sound": False},
+            {"id": "still", "task": "t2i", "prompt": "c"}, {"id": "clip2", "prompt": "d"}]
+    report = _submit(write_manifest(tmp_path, jobs, sound=True), factory=fakes.no_sound_tokenizer_loads)
+    root = tmp_path / "out"
+
+    assert not report.ok
+    assert {key: (o.state, o.attempts) for key, o in report.outcomes.items()} == {
+        "clip": ("failed", 1), "silent": ("done", 1), "still": ("done", 1), "clip2": ("failed", 1)}
+    for key in ("clip", "clip2"):  # no worker could make the sound: refused at once, naming the folder
+        assert re.match(r"SoundTokenizerLoadError: \S+/ckpt/sound_tokenizer: the sound tokenizer did not build",
+                        report.outcomes[key].error), report.outcomes[key].error
+    kinds = [e["event"] for e in events(root)]
+    assert "worker_init_failed" not in kinds and "worker_retired" not in kinds and "job_requeued" not in kinds
+    assert all(e["refused"] for e in events(root) if e["event"] == "job_failed")
+    assert output_files(root) == ["test/silent_s0.mp4", "test/silent_s0.mp4.json", "test/still_s0.png",
+                                  "test/still_s0.png.json"]
+
+
 def test_temp_files_of_a_crashed_earlier_run_are_swept(tmp_path):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     leftover = tmp_path / "out/test/.a_s0.mp4.a1.4242.tmp"
