@@ -2,7 +2,8 @@
 
 Two checkpoints: the tiny BF16 one (tests/tiny_checkpoint.py) and its static-FP8 export with the published
 step policy, the path a Nano FP8 checkpoint takes. Workers hold logical GPUs and render on the CPU, with their
-VAE built in the background as on a GPU; a VAE that does not build stalls the run as a worker that cannot start.
+VAE built in the background as on a GPU; a VAE that does not build stalls the run as a worker that cannot start,
+a sound tokenizer that does not build fails only the jobs with sound.
 """
 
 from __future__ import annotations
@@ -173,3 +174,23 @@ def test_a_vae_only_diffusers_can_refuse_stalls_the_run_as_a_worker_that_cannot_
     # One worker, one failed start: the budget (one per worker) is spent, so the slot is retired.
     assert (kinds.count("worker_init_failed"), kinds.count("worker_retired")) == (1, 1)
     assert (kinds.count("worker_ready"), kinds.count("job_requeued")) == (1, 1)
+
+
+def test_a_sound_tokenizer_only_diffusers_can_refuse_fails_the_jobs_with_sound_and_renders_the_rest(cluster, tmp_path):
+    """The real worker: its sound tokenizer does not build after ready(); the clip with sound is refused once, the
+    silent clip and the still render, and the worker never restarts."""
+    root = make_tiny_checkpoint(tmp_path / "broken", sound=True)
+    mismatch_weights(root, "misshapen", "sound_tokenizer")
+    jobs = [JOBS[0], {**JOBS[0], "id": "silent", "sound": False}, JOBS[1]]
+    path = write_manifest(tmp_path, jobs, model={"checkpoint": str(root)}, defaults={"size": [32, 32], "steps": 2})
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(workers=1, progress=False))
+
+    assert {key: (o.state, o.attempts) for key, o in report.outcomes.items()} == {
+        "clip": ("failed", 1), "silent": ("done", 1), "still": ("done", 1)}
+    refused = report.outcomes["clip"].error
+    assert re.match(r"SoundTokenizerLoadError: \S+/sound_tokenizer: the sound tokenizer did not build: "
+                    r"CheckpointError: .*re-export the checkpoint's sound_tokenizer/ folder", refused, re.S), refused
+    kinds = [e["event"] for e in events(tmp_path / "out")]
+    assert (kinds.count("worker_ready"), kinds.count("worker_init_failed"), kinds.count("job_requeued")) == (1, 0, 0)
+    assert output_files(tmp_path / "out") == ["test/silent_s0.mp4", "test/silent_s0.mp4.json", "test/still_s0.png",
+                                              "test/still_s0.png.json"]
