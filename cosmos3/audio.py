@@ -59,7 +59,7 @@ class SoundTokenizer:
             lambda: cls.from_pretrained(path, config, device=torch.device("cpu")),
             device=device, name="build-sound-tokenizer",
             failure=lambda err: SoundTokenizerLoadError(f"{path}: the sound tokenizer did not build: "
-                                                    f"{type(err).__name__}: {err}"),
+                                                        f"{type(err).__name__}: {err}"),
         )
 
     def to(self, device: torch.device) -> SoundTokenizer:
