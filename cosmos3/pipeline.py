@@ -322,7 +322,8 @@ class Cosmos3Pipeline:
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
         plan = resolve(request, self.rules)  # a refused request is the request's fault: it never waits for the VAE
-        for build in self._decoders(sound=plan.sound_frames is not None):  # known broken: fail before the GPU works
+        decoders = self._decoders(sound=plan.sound_frames is not None)  # the builds this job waits for at its decode
+        for build in decoders:  # known broken: fail before the GPU works
             build.raise_if_failed()
         # A job waits for a VAE still building only where it needs it (I2V/V2V's encode, the decode): the build
         # runs on the CPU beside the first job's steps (cosmos3.vae.VAEBuild).
@@ -382,7 +383,7 @@ class Cosmos3Pipeline:
         del branches, v  # the UND caches and the last velocity are not needed to decode
         if self.device.type == "cuda":  # hand the steps' cached blocks back: the decode allocates other sizes
             torch.cuda.empty_cache()
-        vae_wait = encode_wait + self._vae.wait() + (self._sound_tokenizer.wait() if sound is not None else 0.0)
+        vae_wait = encode_wait + sum(build.wait() for build in decoders)
         vae = self.vae
         decode_start = clock()
         frames = to_uint8_frames(vae.decode(latents))  # [T, H, W, 3]

@@ -135,4 +135,3 @@ class PromptTokenizer:
         cond = self.encode(with_metadata(prompt, spec, negative=False), spec.kind)
         uncond = self.encode(with_metadata(negative_prompt, spec, negative=True), spec.kind)
         return cond, uncond
-
