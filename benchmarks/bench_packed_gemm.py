@@ -165,18 +165,24 @@ def still(args) -> None:
           f"split {medians['split']:.4f} s: split/packed {medians['split'] / medians['packed']:.3f}x")
 
 
+def add_still_command(sub, *, stills: int, **child) -> None:
+    """The ``still`` subcommand of a benchmark that renders issue 15's still in alternating child processes; the
+    parent starts each child with ``--child`` (``child``: that argument's ``choices`` or ``nargs``)."""
+    still_parser = sub.add_parser("still")
+    still_parser.add_argument("--root", type=Path, required=True, help="bench_render.py write's --root")
+    still_parser.add_argument("--attention", default="fp8", choices=ATTENTION_CHOICES)
+    still_parser.add_argument("--rounds", type=int, default=2)
+    still_parser.add_argument("--stills", type=int, default=stills)
+    still_parser.add_argument("--child", help=argparse.SUPPRESS, **child)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     gemm_parser = sub.add_parser("gemms")
     gemm_parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     gemm_parser.add_argument("--rounds", type=int, default=5)
-    still_parser = sub.add_parser("still")
-    still_parser.add_argument("--root", type=Path, required=True, help="bench_render.py write's --root")
-    still_parser.add_argument("--attention", default="fp8", choices=ATTENTION_CHOICES)
-    still_parser.add_argument("--rounds", type=int, default=2)
-    still_parser.add_argument("--stills", type=int, default=3)
-    still_parser.add_argument("--child", choices=("packed", "split"), help=argparse.SUPPRESS)
+    add_still_command(sub, stills=3, choices=("packed", "split"))
     args = parser.parse_args()
 
     from worker.gpu import configure_cuda_allocator

@@ -95,6 +95,7 @@ class DiffusersVelocity:
     """
 
     precision = "diffusers"
+    fp8_accumulation = None  # no FP8 GEMMs of ours (ModelOpt's calibration simulates its quantization)
     attention = _DiffusersAttention()
     cuda_graphs = None  # diffusers' forward runs eagerly
 

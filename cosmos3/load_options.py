@@ -1,8 +1,10 @@
-"""How a checkpoint is asked to load (precision, step precision, parallel axes, attention), checked without torch.
+"""How a checkpoint is asked to load (precision, step precision, parallel axes, attention, FP8 accumulation), checked
+without torch.
 
 ``cosmos3.loader`` calls ``resolve()`` before it builds a model; the farm calls ``problems()`` on a
 manifest's ``model`` section, so both refuse the same options with the same words. Each problem names
-the option it is about (``precision``, ``step_precision``, ``parallel.<axis>``, ``attention``, ``lora``), or
+the option it is about (``precision``, ``step_precision``, ``parallel.<axis>``, ``attention``, ``fp8_accumulation``,
+``lora``), or
 ``checkpoint`` when the checkpoint itself cannot be run.
 """
 
@@ -19,6 +21,12 @@ from cosmos3.step_precision import StepPolicy, resolve_policy
 Precision = Literal["auto", "bf16", "fp8-dynamic", "fp8-static"]  # "auto" runs what the checkpoint holds
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size")
+# How an FP8 GEMM sums its products on the GPU (torch._scaled_mm's use_fast_accum). "fast": in the tensor cores'
+# accumulator, as torchao's FP8 inference configs and vLLM's Hopper FP8 kernels do; "fp32": partial sums promoted
+# to fp32 registers every K block (cuBLAS's careful mode): 10-20x less accumulation error, still far under the e4m3
+# quantization's own, and a Nano still 1.048x slower on the H200
+# (benchmarks/results/h200-2026-12-04-fp8-accumulation.md). The CPU path always sums in fp32.
+FP8_ACCUMULATIONS = ("fast", "fp32")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,7 @@ class LoadOptions:
     step_precision: Any = "auto"  # "auto" (the checkpoint's policy), "off", or {first, last[, reasoner]}
     parallel: dict[str, int] | None = None  # the axes the caller intends; static FP8 refuses any above 1
     attention: str = "auto"  # cosmos3.attention_choice: auto | bf16 | fp8 (the device is checked at load)
+    fp8_accumulation: str = "fast"  # FP8_ACCUMULATIONS; FP8 GEMMs only (a BF16 run has none)
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,9 @@ def _check(config: Cosmos3Config, options: LoadOptions, lora: object) -> tuple[R
     found += _parallel(config, options.parallel)
     if (problem := attention_problem(options.attention)) is not None:
         found.append(("attention", problem))
+    if options.fp8_accumulation not in FP8_ACCUMULATIONS:
+        found.append(("fp8_accumulation", f"must be one of {', '.join(FP8_ACCUMULATIONS)}, "
+                                          f"got {options.fp8_accumulation!r}"))
     # A bad policy inside the checkpoint names the checkpoint; a bad override names step_precision.
     for field, read in (("checkpoint", lambda: resolve_policy(config.quantization, "auto")),
                         ("step_precision", lambda: resolve_policy(config.quantization, options.step_precision))):

@@ -12,6 +12,7 @@ from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import GEN
 from cosmos3.layers.linear import Linear
 from cosmos3.load_options import LoadOptions, Precision, resolve
+from cosmos3.quant import get_quant_method
 from cosmos3.step_precision import StepPrecisionController
 from cosmos3.timing import Clock
 from cosmos3.transformer import Cosmos3Transformer
@@ -22,7 +23,8 @@ def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **
 
     ``options`` are ``build_transformer``'s: ``dtype``, ``precision`` (``"auto"`` follows the
     checkpoint), ``attention`` (``"auto"``/``"bf16"``: the fastest BF16 kernel; ``"fp8"``: FP8
-    attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``step_precision``
+    attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``fp8_accumulation``
+    (``"fast"`` or ``"fp32"``: how FP8 GEMMs sum on the GPU, cosmos3.load_options), ``step_precision``
     (``"auto"``: the checkpoint's diffusion_step_policy, if any; ``"off"``; or ``{"first": n, "last": m}``
     to experiment), ``parallel`` (the parallel axes the caller intends; static FP8 refuses any above 1)
     and ``lora``.
@@ -40,19 +42,22 @@ def build_transformer(
     dtype: torch.dtype = torch.bfloat16,
     precision: Precision = "auto",
     attention: str = "auto",
+    fp8_accumulation: str = "fast",
     step_precision: str | dict | None = "auto",
     parallel: dict[str, int] | None = None,
     lora: object = None,
 ) -> Cosmos3Transformer:
     """The model for ``config`` filled from ``tensors`` (files, or a dict in memory)."""
     # The same torch-free check the farm runs on a manifest's model section.
-    resolved = resolve(config, LoadOptions(precision, step_precision, parallel, attention), lora)
+    options = LoadOptions(precision, step_precision, parallel, attention, fp8_accumulation)
+    resolved = resolve(config, options, lora)
     precision, policy = resolved.precision, resolved.policy
     fp8 = fp8_modules(config, tensors.headers, tensors.directory) if precision == "fp8-static" else frozenset()
     clock = Clock(device)
     started = clock()
     with torch.device(device):
-        model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8, attention=attention)
+        model = Cosmos3Transformer(config, precision=precision, dtype=dtype, fp8_modules=fp8, attention=attention,
+                                   fp8_accumulation=fp8_accumulation)
     built = clock()
     # Before loading: an unusable attention choice fails fast, and a kernel library's JIT build happens here.
     model.attention.check_device(device)
@@ -65,7 +70,8 @@ def build_transformer(
                          "read": clock() - kernels_ready, "bytes": tensors.bytes_read}
     if policy is not None:
         gen, und = tower_linears(model)
-        model.step_controller = StepPrecisionController(gen, und, policy, model.attention)
+        w8a8 = get_quant_method(precision, fp8_accumulation)
+        model.step_controller = StepPrecisionController(gen, und, policy, w8a8, model.attention)
     return model.eval()
 
 

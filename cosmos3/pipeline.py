@@ -180,6 +180,7 @@ class Cosmos3Pipeline:
         precision: Precision = "auto",
         step_precision: str | dict = "auto",
         attention: str = "auto",
+        fp8_accumulation: str = "fast",
         parallel: dict[str, int] | None = None,
         cuda_graphs: bool = True,
         model=None,
@@ -189,9 +190,9 @@ class Cosmos3Pipeline:
         CUDA (as diffusers' pipeline does when loaded in bf16: a Nano clip's decode 9.9 s and 26.9 GiB peak in bf16
         vs 15.2 s and 39.4 GiB in fp32 on the H200) and in fp32 on the CPU.
 
-        On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``,
-        ``step_precision``, ``attention`` and ``parallel`` are ``cosmos3.load_options.LoadOptions``
-        (checked by ``load_transformer``). ``model``: a transformer to drive instead of loading ours (FP8
+        On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``, ``step_precision``,
+        ``attention``, ``fp8_accumulation`` and ``parallel`` are ``cosmos3.load_options.LoadOptions`` (checked by
+        ``load_transformer``). ``model``: a transformer to drive instead of loading ours (FP8
         calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop).
 
         The text tokenizer loads in a thread, and the VAE builds in another started after it, both before the
@@ -232,7 +233,8 @@ class Cosmos3Pipeline:
                                                                  device=device)
         if model is None:
             model = load_transformer(root, device=device, dtype=dtype, precision=precision,
-                                     step_precision=step_precision, attention=attention, parallel=parallel)
+                                     step_precision=step_precision, attention=attention,
+                                     fp8_accumulation=fp8_accumulation, parallel=parallel)
             if cuda_graphs and device.type == "cuda":
                 enable_cuda_graphs(model)
             read = model.load_report
@@ -412,6 +414,7 @@ class Cosmos3Pipeline:
         return {
             "task": plan.task,
             "precision": self.model.precision,
+            "fp8_accumulation": self.model.fp8_accumulation,  # how its FP8 GEMMs sum; None for BF16
             "step_policy": self.model.step_policy_info(),
             "attention": self.model.attention.describe(self.device),
             # which graphs the job's passes replayed or captured (cuda_graphs.JobGraphs); None where none are

@@ -129,10 +129,11 @@ class Cosmos3Transformer(nn.Module):
     """
 
     def __init__(self, config: Cosmos3Config, *, precision: str = "bf16", dtype: torch.dtype = torch.bfloat16,
-                 fp8_modules: frozenset[str] = frozenset(), attention: str = "auto"):
+                 fp8_modules: frozenset[str] = frozenset(), attention: str = "auto", fp8_accumulation: str = "fast"):
         super().__init__()
         self.config = config
         self.precision = precision
+        self.fp8_accumulation = None if precision == "bf16" else fp8_accumulation  # how its FP8 GEMMs sum
         self.dtype = dtype
         self.attention = AttentionKernels(attention, config.head_dim)
         self.step_controller = None  # set by the loader when a step policy is in force
@@ -141,7 +142,7 @@ class Cosmos3Transformer(nn.Module):
         self.skip_unread_und_mlp = True
         self.cuda_graphs = None  # a GenGraphs once cosmos3.cuda_graphs.enable_cuda_graphs(model) is called
         self._layouts: dict[tuple, GenLayout] = {}
-        method = get_quant_method(precision)
+        method = get_quant_method(precision, fp8_accumulation)
         split = precision == "fp8-static"
 
         def make_linear_in(prefix: str, *, top: bool = False, linear_dtype: torch.dtype = dtype):

@@ -98,5 +98,7 @@ class PackedProjections:
         """``[..., K]`` FP8 -> each member's output ``[tokens, N_i]``, column slices of one ``[tokens, sum(N)]``."""
         x2d = x_fp8.reshape(-1, x_fp8.shape[-1])
         ones = self._ones[: x2d.shape[0]]
-        y = scaled_mm(x2d, self.weight, ones, self._column_scales, self.linears[0].out_dtype)
+        first = self.linears[0]
+        y = scaled_mm(x2d, self.weight, ones, self._column_scales, first.out_dtype,
+                      accumulation=first.quant_method.accumulation)  # wants(): every member is at W8A8 here
         return y.split(self.sizes, dim=-1)

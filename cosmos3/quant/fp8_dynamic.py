@@ -20,6 +20,9 @@ def per_tensor_scale(t: torch.Tensor) -> torch.Tensor:
 
 
 class DynamicFP8LinearMethod(LinearMethod):
+    def __init__(self, accumulation: str):
+        self.accumulation = accumulation  # how scaled_mm sums (cosmos3.load_options.FP8_ACCUMULATIONS)
+
     def create_weights(self, layer, dtype):
         layer.weight = torch.nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=FP8), False)
         layer.weight_scale = torch.nn.Parameter(torch.empty(1, dtype=torch.float32), False)
@@ -43,5 +46,5 @@ class DynamicFP8LinearMethod(LinearMethod):
     def apply(self, layer, x):
         x_scale = per_tensor_scale(x)
         x_fp8 = ops.quantize_fp8(x.contiguous(), x_scale)
-        y = scaled_mm(x_fp8, layer.weight, x_scale, layer.weight_scale, layer.out_dtype)
+        y = scaled_mm(x_fp8, layer.weight, x_scale, layer.weight_scale, layer.out_dtype, accumulation=self.accumulation)
         return y + layer.bias if layer.has_bias else y

@@ -1,8 +1,8 @@
 """ModelOpt static per-tensor FP8 (W8A8): every tensor and scale exactly as calibrated.
 
 ``x_fp8 = sat_e4m3(x / input_scale)``; ``y = (x_fp8 @ W_fp8^T) * input_scale * weight_scale (+ b)``
-through ``torch._scaled_mm`` (fast accumulation off) on CUDA, and on the CPU as an fp32 product of the same e4m3
-operands (see ``scaled_mm``). A layer is
+through ``torch._scaled_mm`` on CUDA, summed as the load option ``fp8_accumulation`` says (cosmos3.load_options),
+and on the CPU as an fp32 product of the same e4m3 operands (see ``scaled_mm``). A layer is
 never fused: each projection keeps its own weight_scale, so nothing is rounded twice (projections that read one
 input may run as one GEMM with per-column scales, the same products: cosmos3/layers/packed.py). Scales
 may be 0-d (as ModelOpt writes them) or one element; they load with their shape and bytes.
@@ -29,9 +29,12 @@ MODELOPT_BUFFERS = {
 }
 
 
-def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_dtype) -> torch.Tensor:
+def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_dtype, *,
+              accumulation: str) -> torch.Tensor:
     """``[..., K] fp8 x [N, K] fp8 -> [..., N]`` with scales read on the device: per tensor (0-d or [1]), or per
-    row ``[M, 1]`` and per column ``[1, N]`` (a packed group, cosmos3/layers/packed.py).
+    row ``[M, 1]`` and per column ``[1, N]`` (a packed group, cosmos3/layers/packed.py). ``accumulation`` is one
+    of ``cosmos3.load_options.FP8_ACCUMULATIONS``: on CUDA, "fast" sums in the tensor cores' accumulator and "fp32"
+    promotes the partial sums to fp32 every K block.
 
     On the CPU the operands go up to fp32, which holds every e4m3 value exactly: the same scaled product with
     fp32 accumulation, in another summation order. oneDNN's FP8 matmul is its reference loop on CPUs without
@@ -41,7 +44,7 @@ def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_d
     x2d = x_fp8.reshape(-1, x_fp8.shape[-1])  # [M, K]
     if x2d.is_cuda:
         y = torch._scaled_mm(x2d, weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype,
-                             use_fast_accum=False)
+                             use_fast_accum=accumulation == "fast")
     else:
         y = (x2d.float() @ weight.float().t() * (scale_a.float() * scale_b.float())).to(out_dtype)
     return y.reshape(*x_fp8.shape[:-1], weight.shape[0])
@@ -49,6 +52,9 @@ def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_d
 
 class StaticFP8LinearMethod(LinearMethod):
     shares_input_quant = True
+
+    def __init__(self, accumulation: str):
+        self.accumulation = accumulation  # how scaled_mm sums (cosmos3.load_options.FP8_ACCUMULATIONS)
 
     def create_weights(self, layer, dtype):
         if layer.is_fused:
@@ -88,7 +94,8 @@ class StaticFP8LinearMethod(LinearMethod):
     def apply(self, layer, x):
         # A group shares one quantization: a pre-quantized FP8 input passes straight through.
         x_fp8 = x if x.dtype == FP8 else self.quantize_input(layer, x)
-        y = scaled_mm(x_fp8, layer.weight, layer.input_scale, layer.weight_scale, layer.out_dtype)
+        y = scaled_mm(x_fp8, layer.weight, layer.input_scale, layer.weight_scale, layer.out_dtype,
+                      accumulation=self.accumulation)
         return y + layer.bias if layer.has_bias else y
 
 

@@ -32,6 +32,9 @@ class W8A16LinearMethod(StaticFP8LinearMethod):
 
     shares_input_quant = False
 
+    def __init__(self):
+        super().__init__(accumulation=None)  # its GEMMs are 16-bit (F.linear): no FP8 accumulation to choose
+
     def fp8_output_scale(self, layer):
         return None
 

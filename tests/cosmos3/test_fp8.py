@@ -202,6 +202,32 @@ def test_quantized_top_linears_follow_the_step_policy_with_the_gen_tower(exports
     assert model.layers[0].self_attn.to_q.quant_method is W8A16  # UND: reasoner a16, whatever the step
 
 
+def test_fp8_accumulation_reaches_every_fp8_linear_and_the_w8a8_steps(exports, tmp_path):
+    """The option picks how every W8A8 GEMM sums, the packed Q/K/V's too, also after a W8A16 step rebinds them."""
+    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+    from cosmos3.quant import W8A16
+
+    def policy(c):  # the UND tower W8A8 at every step ("native"), so both towers' methods are checked
+        c["quantization_config"]["runtime"] = {"diffusion_step_policy": {**PUBLISHED_STEP_POLICY, "reasoner": "native"}}
+    root = rewrite(exports["stock"], tmp_path / "p", edit_config=policy)
+    for accumulation in ("fp32", "fast"):
+        model = load_transformer(root, fp8_accumulation=accumulation)
+        assert model.fp8_accumulation == accumulation
+        for step, edge in ((5, False), (0, True), (5, False)):  # W8A8, W8A16, W8A8 again
+            model.set_denoising_step(step, 10)
+            assert (model.proj_in.quant_method is W8A16) is edge
+            fp8 = [m.quant_method for m in model.modules()
+                   if isinstance(m, Linear) and m.quant_method.shares_input_quant]  # W8A8 ones
+            assert fp8 and {method.accumulation for method in fp8} == {accumulation}, step
+        assert model.layers[0].self_attn.to_q.quant_method.accumulation == accumulation  # UND
+    assert load_transformer(exports["bf16"]).fp8_accumulation is None  # no FP8 GEMMs to sum
+
+
+def test_an_unknown_fp8_accumulation_is_refused_with_the_choices(exports):
+    with pytest.raises(ConfigError, match=r"fp8_accumulation: must be one of fast, fp32, got 'bf16'"):
+        load_transformer(exports["cosmos"], fp8_accumulation="bf16")
+
+
 # ---------------------------------------------------------------- topology and numerics
 
 
@@ -468,21 +494,42 @@ def test_static_fp8_on_cuda_scaled_mm_matches_cpu(exports):
     assert relative_l2(gpu, reference) < 0.15  # the CPU bound of test_static_fp8_velocity_is_close...
 
 
+@pytest.mark.parametrize("accumulation", ["fast", "fp32"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("scale_shape", [(), (1,)], ids=["0-d", "one-element"])
-def test_scaled_mm_is_the_product_of_its_e4m3_operands_times_both_scales(device, scale_shape):
-    """The CPU path is the exact product (fp32 accumulation of exact e4m3 values); CUDA's FP8 tensor cores keep
-    fewer bits while they accumulate (on the H200 the sum was off by 1.5e-4 of the sum of |terms|), so there the
-    bound is 2^-10 of that sum: a wrong or missing scale errs by the whole product."""
+def test_scaled_mm_is_the_product_of_its_e4m3_operands_times_both_scales(device, scale_shape, accumulation):
+    """The CPU path is the exact product (fp32 accumulation of exact e4m3 values) either way; CUDA's FP8 tensor
+    cores keep fewer bits while they accumulate (on the H200 the sum was off by 1.5e-4 of the sum of |terms|), so
+    there the bound is 2^-10 of that sum: a wrong or missing scale errs by the whole product."""
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(3, 5, 64, generator=g) * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [..., K]
     w = (torch.randn(48, 64, generator=g) * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)  # [N, K]
     sa, sb = torch.tensor(0.0123).reshape(scale_shape), torch.tensor(0.0457).reshape(scale_shape)
     exact = torch.einsum("abk,nk->abn", x.double(), w.double()) * 0.0123 * 0.0457  # fp64: no rounding to speak of
-    y = fp8_static.scaled_mm(x.to(device), w.to(device), sa.to(device), sb.to(device), torch.float32).cpu()
+    y = fp8_static.scaled_mm(x.to(device), w.to(device), sa.to(device), sb.to(device), torch.float32,
+                             accumulation=accumulation).cpu()
     assert y.shape == (3, 5, 48) and y.dtype == torch.float32
     if device == "cpu":
         torch.testing.assert_close(y.double(), exact, rtol=2e-6, atol=1e-6)
     else:
         terms = torch.einsum("abk,nk->abn", x.double().abs(), w.double().abs()) * 0.0123 * 0.0457
         assert ((y.double() - exact).abs() <= 2.0**-10 * terms).all()
+
+
+@pytest.mark.gpu
+def test_fp32_accumulation_keeps_long_sums_closer_to_exact_than_fast_accumulation():
+    """At Nano's longest K (the MLP's down projection, 12,288) the two accumulations differ as they should: "fp32"
+    promotes partial sums and stays near the exact sum; "fast" drifts further (on Hopper), yet far inside the
+    2^-4 relative step of the e4m3 operands themselves. Random e4m3 operands of activation-like spread."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(512, 12288, generator=g, device="cuda") * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    w = (torch.randn(1024, 12288, generator=g, device="cuda") * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    scale = torch.tensor(1.0, device="cuda")
+    exact = x.double() @ w.double().t()
+    error = {accumulation: relative_l2(fp8_static.scaled_mm(x, w, scale, scale, torch.float32,
+                                                            accumulation=accumulation).double(), exact)
+             for accumulation in ("fast", "fp32")}
+    assert error["fp32"] < 2.0**-12, error
+    assert error["fast"] < 2.0**-6, error
+    if torch.cuda.get_device_capability() == (9, 0):  # Hopper's FP8 MMA accumulator keeps fewer bits
+        assert error["fast"] > 3 * error["fp32"], error

@@ -159,7 +159,7 @@ def test_every_task_renders_uint8_frames_of_the_requested_size(pipe, task):
     assert out.info["task"] == task and out.info["seed"] == 0
     assert out.info["scheduler"] == "UniPCMultistepScheduler"
     assert out.info["flow_shift"] == (3.0 if task == "t2i" else 10.0)
-    assert out.info["precision"] == "bf16" and out.info["step_policy"] is None
+    assert out.info["precision"] == "bf16" and out.info["step_policy"] is None and out.info["fp8_accumulation"] is None
 
 
 @pytest.mark.parametrize(
@@ -321,7 +321,7 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
     monkeypatch.setattr(fp8_pipe.model, "forward", record)
     out = fp8_pipe(job("t2v", steps=8))
-    assert out.info["precision"] == "fp8-static"
+    assert out.info["precision"] == "fp8-static" and out.info["fp8_accumulation"] == "fast"  # the default
     a16 = out.info["step_policy"]["a16_steps"]
     assert a16 == [0, 1, 2, 5, 6, 7]  # the published first 3 / last 3
     assert methods == [W8A16 if i in a16 else STATIC_FP8 for i in range(8) for _branch in ("cond", "uncond")]

@@ -94,6 +94,10 @@ MODELS = [
     pytest.param(True, {"attention": "bf16"}, id="attention-bf16"),
     pytest.param(False, {"attention": "int8"}, id="attention-int8(bad)"),
     pytest.param(False, {"attention": True}, id="attention-bool(bad)"),
+    pytest.param(True, {"fp8_accumulation": "fp32"}, id="fp8-accumulation-fp32"),
+    pytest.param(True, {"fp8_accumulation": "fast"}, id="fp8-accumulation-fast"),
+    pytest.param(True, {"fp8_accumulation": "bf16"}, id="fp8-accumulation-bf16(bad)"),
+    pytest.param(False, {"fp8_accumulation": None}, id="fp8-accumulation-null(bad)"),
 ]
 
 

@@ -114,7 +114,9 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
 @pytest.mark.parametrize("precision", ["bf16", "fp8-static"])
 def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoints, tmp_path, precision):
     _inputs(tmp_path)
-    path = write_manifest(tmp_path, JOBS, model={"checkpoint": str(checkpoints[precision])},
+    fp8 = precision == "fp8-static"
+    model = {"checkpoint": str(checkpoints[precision]), **({"fp8_accumulation": "fp32"} if fp8 else {})}
+    path = write_manifest(tmp_path, JOBS, model=model,
                           defaults={"size": [32, 32], "steps": 3, "frames": 9, "retries": 0})
     m = manifest.load(path)
     # One worker: each one imports torch and loads the model, which dominates on a 2-core CI machine.
@@ -122,11 +124,12 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
     waits = []
 
     assert report.ok, report.outcomes
-    assert m.model.static_fp8 is (precision == "fp8-static")
+    assert m.model.static_fp8 is fp8
     assert len(output_files(tmp_path / "out")) == 2 * len(JOBS)
     for job in m.jobs:
         record = json.loads(storage.sidecar_path(job.media).read_text())
         assert record["precision"] == precision
+        assert record["fp8_accumulation"] == ("fp32" if fp8 else None)  # the manifest's option reached the worker
         assert record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
         assert (record["step_policy"] is not None) is (precision == "fp8-static")
         request = job.request
