@@ -6,7 +6,7 @@ Steps (each fits one device call; run them on one machine, in this order):
     python benchmarks/bench_render.py farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
     python benchmarks/bench_render.py farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
     python benchmarks/bench_render.py diffusers --root /tmp/nano --steps 3 --out $OUT
-    python benchmarks/bench_render.py report $OUT/*.json > results.md
+    python benchmarks/bench_render.py report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
 
 ``write`` streams random weights to disk in the published layout (benchmarks/random_checkpoint.py).
 ``farm`` renders the issue's manifest with ``python -m farm submit`` (a fresh worker: its start is the
@@ -205,7 +205,7 @@ def _collect(folder: Path, out: Path, variant: str, stop: threading.Event) -> No
         for sidecar in (folder / "renders").glob("*/*.json"):
             if sidecar.name.startswith(STREAM_PREFIX):
                 continue
-            shutil.copyfile(sidecar, out / f"sidecar-{variant}-{sidecar.parent.name}.json")
+            shutil.copyfile(sidecar, out / "sidecars" / f"{variant}-{sidecar.name}")
 
 
 def do_farm(args) -> dict:
@@ -217,7 +217,7 @@ def do_farm(args) -> dict:
     compiled = compile_bytecode()
     waited = wait_for_idle_gpu()
     cache = drop_page_cache() if args.drop_caches else "kept"
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sidecars").mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     collector = threading.Thread(target=_collect, args=(folder, args.out, args.variant, stop), daemon=True)
     collector.start()
@@ -558,8 +558,19 @@ def direct_tables(r: dict) -> list[str]:
     return lines + [""]
 
 
+def read_results(paths: list[str]) -> list[dict]:
+    """This benchmark's results among ``paths``: a glob over an ``--out`` folder also matches the jobs' sidecars
+    that ``farm`` copies there, which are skipped."""
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    results = [r for r in loaded if isinstance(r, dict) and r.get("kind") in KINDS]
+    if not results:
+        raise SystemExit(f"none of {len(paths)} files is a bench_render result (a JSON object whose 'kind' is one "
+                         f"of {', '.join(KINDS)}); pass the files the write, farm, diffusers or direct step wrote")
+    return results
+
+
 def do_report(args) -> None:
-    results = [json.loads(Path(p).read_text()) for p in args.results]
+    results = read_results(args.results)
     by_kind = {}
     for r in results:
         by_kind.setdefault((r["kind"], r.get("variant")), r)
@@ -632,13 +643,15 @@ def main() -> None:
         parser.error(f"--stills {args.stills} needs --prompts of at least 1 (got {args.prompts})")
     if args.command == "report":
         return do_report(args)
-    result = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}[args.command](args)
+    result = KINDS[args.command](args)
     out = getattr(args, "out", None) or args.root
     out.mkdir(parents=True, exist_ok=True)
     name = f"{args.command}-{getattr(args, 'variant', '') or 'all'}.json"
     (out / name).write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out / name}")
 
+
+KINDS = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}  # a result's "kind"
 
 if __name__ == "__main__":
     main()
