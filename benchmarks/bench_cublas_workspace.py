@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import job_request, machine  # noqa: E402
 from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
 
 SETTINGS = ("torch default", "none (the worker's)")
@@ -37,7 +38,6 @@ def measure(root: Path, attention: str, stills: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_render import job_request
     from cosmos3.pipeline import Cosmos3Pipeline
     from cosmos3.request import resolve
 
@@ -114,7 +114,6 @@ def main() -> None:
         print(json.dumps(measure(args.root, args.attention, args.stills)))
         return
 
-    from benchmarks.bench_render import machine
 
     runs = {setting: [] for setting in SETTINGS}
     for _ in range(args.rounds):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_packed_gemm import CALLS, WEIGHT_SETS, add_still_command, graphed_us  # noqa: E402
+from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request, machine  # noqa: E402
 from cosmos3.load_options import FP8_ACCUMULATIONS  # noqa: E402  (torch-free)
 
 SHAPES = {"q/k/v packed": (6144, 4096), "o": (4096, 4096), "gate or up": (12288, 4096), "down": (4096, 12288)}
@@ -62,7 +62,6 @@ def time_shape(tokens: int, n: int, k: int, rounds: int) -> dict[str, float]:
 def gemms(args) -> None:
     import torch
 
-    from benchmarks.bench_render import machine
     from cosmos3.quant.fp8_static import FP8, scaled_mm
     from worker.gpu import configure_cuda_allocator
 
@@ -101,7 +100,6 @@ def measure(root: Path, variant: str, accumulation: str, attention: str, stills:
     """One process's stills; the last one's final latents saved to ``latents_path``."""
     import torch
 
-    from benchmarks.bench_render import job_request
     from cosmos3.pipeline import Cosmos3Pipeline
     from worker.gpu import configure_cuda_allocator
 
@@ -140,7 +138,6 @@ def still(args) -> None:
 
     import torch
 
-    from benchmarks.bench_render import machine
 
     folder = Path(tempfile.mkdtemp(prefix="fp8-accumulation-"))
     runs = {accumulation: [] for accumulation in FP8_ACCUMULATIONS}

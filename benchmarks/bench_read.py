@@ -25,7 +25,7 @@ from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_render import drop_page_cache  # noqa: E402
+from benchmarks.common import drop_page_cache  # noqa: E402
 from cosmos3 import tensor_reader  # noqa: E402
 from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
 
