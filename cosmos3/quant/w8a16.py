@@ -5,8 +5,8 @@ tower when the policy says ``reasoner: a16``. ``input_scale`` is unused. The deq
 per-call temporary, unless a ``DequantizedWeights`` holds it for the layer (``layer.dequantized``): the
 same bits, made once for many forwards. On CUDA the dequantization is one pass of our own kernel
 (``cosmos3.ops.dequantize_fp8``, nothing to compile at a worker's start); elsewhere its reference
-expression ``cosmos3.ops_cpu.dequantize_fp8``, the same bits (benchmarks/bench_w8a16.py measures the kernel
-against that expression run eagerly on CUDA).
+expression ``cosmos3.ops_cpu.dequantize_fp8``, the same bits (benchmarks/bench_ops.py bandwidth measures the
+kernel against that expression, eager and compiled, on CUDA).
 """
 
 from __future__ import annotations
