@@ -1,10 +1,10 @@
-"""cuBLASLt with torch's default workspace against none, the farm worker's setting (GPU; issue 15).
+"""cuBLASLt with torch's default workspace against none, the farm worker's setting (GPU).
 
 ``worker.gpu.configure_cuda_allocator`` sets ``CUBLASLT_WORKSPACE_SIZE=0``. torch reads it once, at its first
 cuBLASLt call, so each setting runs in a process of its own; the processes alternate, ``--rounds`` of each. A
 process loads the FP8 Nano checkpoint that ``bench_render.py write`` makes and measures:
 
-* issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)): two warm-up stills (the GEN graphs
+* the workload's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)): two warm-up stills (the GEN graphs
   captured in the first, the UND graphs in the second), then ``--stills`` measured: the steps' sum and the UND
   pass;
 * in two profiled steps of a still, the cuBLAS workspace memsets and the GEMM kernels cuBLAS picked;

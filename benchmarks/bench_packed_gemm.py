@@ -1,11 +1,11 @@
-"""A packed static-FP8 Q/K/V (cosmos3/layers/packed.py) against split ones, side by side (GPU; issue 15).
+"""A packed static-FP8 Q/K/V (cosmos3/layers/packed.py) against split ones, side by side (GPU).
 
 ``gemms``: Nano's GEN Q/K/V as the model runs it, three per-tensor-scaled GEMMs (4,096 + 1,024 + 1,024 columns)
 against one per-column-scaled GEMM of 6,144, at a sweep of token counts, 36 calls over 8 weight sets in one CUDA
 graph, the two alternating for ``--rounds``. It prints the ratios and the largest swept token count up to which
 packing wins at every size: the figure for ``PACKED_MAX_TOKENS``.
 
-``still``: issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
+``still``: the workload's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
 ``bench_render.py write`` makes, packed (the table as it is) against split (an empty table), in processes that
 alternate, ``--rounds`` of each: two warm-up stills, then ``--stills`` measured.
 
