@@ -6,8 +6,8 @@ The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames `
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
 
 ``VAEBuild`` builds one in a thread (``cosmos3.background_build``), so a pipeline can be ready before diffusers'
-import (5-6 s on the CPU machine, 12-17 s on the H200 host) and the weights are; what can be checked without
-diffusers is checked first, in the caller (``check_vae_dir``).
+import (5-6 s on the CPU machine, 12-17 s on the H200 host: benchmarks/results/h200-render.md) and the weights
+are; what can be checked without diffusers is checked first, in the caller (``check_vae_dir``).
 """
 
 from __future__ import annotations

@@ -159,8 +159,8 @@ def _ffmpeg(arguments: list[str], stdin: np.ndarray, path: Path) -> None:
 def _read_back_mp4(path: Path, frames: np.ndarray) -> None:
     """The published file must hold as many frames of the rendered size as were rendered. The first frame is
     decoded (its size); the rest are counted as the container stores them, not decoded: decoding every frame of
-    a noise-like Nano clip took 1.4 s of its 3.4 s encode on the H200's 16-core host (bench_encode.py), and a
-    file cut short counts short either way."""
+    a noise-like Nano clip took 1.16 s against 0.55 s counting on the H200's 16-core host
+    (benchmarks/results/cpu-encode.md), and a file cut short counts short either way."""
     count, height, width, _ = frames.shape  # [T, H, W, 3]
     try:
         reader = imageio_ffmpeg.read_frames(str(path))

@@ -56,7 +56,7 @@ class DequantizedWeights:
 
     Costs a 16-bit copy of those weights (Nano's GEN tower: 13.8 GB). Worth it where a forward is short: on the
     H200 a W8A16 GEN forward at a still's 1,024 tokens spent ~5.7 ms of its ~30 ms dequantizing, and a still runs
-    nine of them (cosmos3/cuda_graphs.py decides when to hold one).
+    nine of them (benchmarks/results/h200-render.md; cosmos3/cuda_graphs.py decides when to hold one).
     """
 
     def __init__(self, linears: Sequence, dtype: torch.dtype):
