@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_transformer import timed  # noqa: E402
+from benchmarks.common import timed  # noqa: E402
 from cosmos3 import ops  # noqa: E402
 from cosmos3.layers.attention_kernels import (  # noqa: E402
     CudnnFp8Kernel,

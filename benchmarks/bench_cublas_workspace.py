@@ -1,10 +1,10 @@
-"""cuBLASLt with torch's default workspace against none, the farm worker's setting (GPU; issue 15).
+"""cuBLASLt with torch's default workspace against none, the farm worker's setting (GPU).
 
 ``worker.gpu.configure_cuda_allocator`` sets ``CUBLASLT_WORKSPACE_SIZE=0``. torch reads it once, at its first
 cuBLASLt call, so each setting runs in a process of its own; the processes alternate, ``--rounds`` of each. A
 process loads the FP8 Nano checkpoint that ``bench_render.py write`` makes and measures:
 
-* issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)): two warm-up stills (the GEN graphs
+* the workload's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)): two warm-up stills (the GEN graphs
   captured in the first, the UND graphs in the second), then ``--stills`` measured: the steps' sum and the UND
   pass;
 * in two profiled steps of a still, the cuBLAS workspace memsets and the GEMM kernels cuBLAS picked;
@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import job_request, machine  # noqa: E402
 from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
 
 SETTINGS = ("torch default", "none (the worker's)")
@@ -37,7 +38,6 @@ def measure(root: Path, attention: str, stills: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_render import job_request
     from cosmos3.pipeline import Cosmos3Pipeline
     from cosmos3.request import resolve
 
@@ -114,7 +114,6 @@ def main() -> None:
         print(json.dumps(measure(args.root, args.attention, args.stills)))
         return
 
-    from benchmarks.bench_render import machine
 
     runs = {setting: [] for setting in SETTINGS}
     for _ in range(args.rounds):

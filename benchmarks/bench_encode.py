@@ -1,7 +1,7 @@
 """A Nano clip's MP4 encode (189 frames of 1280x720, what the worker's publish does: x264 at CRF 18, then the
 read-back check) with x264 presets side by side, on noise-like frames (a random-weights render, x264's worst
 case) and on structured moving frames (gradients sliding across the picture), and the read-back check alone
-beside decoding every frame (what it did before); then a 1024x1024 still's PNG at
+beside decoding every frame; then a 1024x1024 still's PNG at
 zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
 encode runs on the worker's host, so its core count decides the absolute times; the ratios carry over.
 

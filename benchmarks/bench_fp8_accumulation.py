@@ -1,4 +1,4 @@
-"""How FP8 GEMMs sum on the GPU: ``fp8_accumulation="fast"`` against ``"fp32"``, side by side (GPU; issue 15).
+"""How FP8 GEMMs sum on the GPU: ``fp8_accumulation="fast"`` against ``"fp32"``, side by side (GPU).
 
 ``gemms``: Nano's four GEN GEMM shapes at a still's 1,024 tokens and a clip's 44,160, 36 calls over 8 weight sets
 in one CUDA graph, the two accumulations alternating for ``--rounds`` (the farm worker's CUDA settings). Then, at
@@ -6,7 +6,7 @@ in one CUDA graph, the two accumulations alternating for ``--rounds`` (the farm 
 accumulation alone (fp32 output), of the BF16 output the model uses, and for scale the error the e4m3 quantization
 of activation-like operands makes by itself (the exact FP8 product against the product of the unquantized values).
 
-``still``: issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
+``still``: the workload's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
 ``bench_render.py write`` makes, in processes that alternate, ``--rounds`` of each accumulation: two warm-up stills
 (graphs captured), then ``--stills`` measured. Each keeps its last still's final latents; with the BF16 variant
 written too, one more process renders the still in BF16 (the same weights, dequantized) to compare against.
@@ -28,11 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_packed_gemm import CALLS, WEIGHT_SETS, add_still_command, graphed_us  # noqa: E402
+from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request, machine  # noqa: E402
 from cosmos3.load_options import FP8_ACCUMULATIONS  # noqa: E402  (torch-free)
 
 SHAPES = {"q/k/v packed": (6144, 4096), "o": (4096, 4096), "gate or up": (12288, 4096), "down": (4096, 12288)}
-TOKENS = (1024, 44160)  # issue 15's still, its T2V clip
+TOKENS = (1024, 44160)  # the workload's still, its T2V clip
 FP8_MAX = 448.0
 
 
@@ -62,7 +62,6 @@ def time_shape(tokens: int, n: int, k: int, rounds: int) -> dict[str, float]:
 def gemms(args) -> None:
     import torch
 
-    from benchmarks.bench_render import machine
     from cosmos3.quant.fp8_static import FP8, scaled_mm
     from worker.gpu import configure_cuda_allocator
 
@@ -101,7 +100,6 @@ def measure(root: Path, variant: str, accumulation: str, attention: str, stills:
     """One process's stills; the last one's final latents saved to ``latents_path``."""
     import torch
 
-    from benchmarks.bench_render import job_request
     from cosmos3.pipeline import Cosmos3Pipeline
     from worker.gpu import configure_cuda_allocator
 
@@ -140,7 +138,6 @@ def still(args) -> None:
 
     import torch
 
-    from benchmarks.bench_render import machine
 
     folder = Path(tempfile.mkdtemp(prefix="fp8-accumulation-"))
     runs = {accumulation: [] for accumulation in FP8_ACCUMULATIONS}

@@ -27,7 +27,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from bench_swiglu import machine_line
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine  # noqa: E402
 
 CHILD = r"""
 import json, shutil, time
@@ -96,7 +98,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    print(f"GPU {machine_line()}")
+    print(f"GPU {machine()}")
     scratch = tempfile.mkdtemp(prefix="bench_ops_load_")
     prebuilt = [_finish(_start(_env(args.prebuilt, args.deps, hide_nvcc=True), scratch)) for _ in range(args.repeats)]
     print(f"prebuilt: cosmos3 from {prebuilt[0]['cosmos3']}, library {prebuilt[0]['library']}, "

@@ -1,11 +1,11 @@
-"""A packed static-FP8 Q/K/V (cosmos3/layers/packed.py) against split ones, side by side (GPU; issue 15).
+"""A packed static-FP8 Q/K/V (cosmos3/layers/packed.py) against split ones, side by side (GPU).
 
 ``gemms``: Nano's GEN Q/K/V as the model runs it, three per-tensor-scaled GEMMs (4,096 + 1,024 + 1,024 columns)
 against one per-column-scaled GEMM of 6,144, at a sweep of token counts, 36 calls over 8 weight sets in one CUDA
 graph, the two alternating for ``--rounds``. It prints the ratios and the largest swept token count up to which
 packing wins at every size: the figure for ``PACKED_MAX_TOKENS``.
 
-``still``: issue 15's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
+``still``: the workload's still (1024x1024, 50 steps, guidance 7, interval (400, 1000)) of the Nano FP8 checkpoint
 ``bench_render.py write`` makes, packed (the table as it is) against split (an empty table), in processes that
 alternate, ``--rounds`` of each: two warm-up stills, then ``--stills`` measured.
 
@@ -27,12 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request  # noqa: E402
 
 HIDDEN, Q_DIM, KV_DIM = 4096, 4096, 1024  # Nano's GEN tower
 TOKENS = (256, 1024, 2048, 4096, 8192, 16384, 44160)  # a small still ... the T2V clip
-WEIGHT_SETS = 8  # more than the 50 MB L2 holds, as 36 layers' weights
-CALLS = 36  # one forward's layers
 
 
 def group_of(sizes: tuple[int, ...], seed: int):
@@ -56,31 +54,6 @@ def group_of(sizes: tuple[int, ...], seed: int):
                                               "input_scale": input_scale.clone()}}, "bench")
     group.refresh()
     return linears, group
-
-
-def graphed_us(fn, rounds_of: list):
-    """Captures CALLS calls of ``fn(i)`` in one graph; returns a function that appends a replay's microseconds a
-    call to ``rounds_of``."""
-    import torch
-
-    for i in range(3):
-        fn(i)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS):
-            fn(i)
-
-    def time_once() -> None:
-        graph.replay()
-        torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        rounds_of.append(begin.elapsed_time(end) * 1e3 / CALLS)
-
-    return time_once
 
 
 def gemms(args) -> None:
@@ -130,7 +103,6 @@ def still_child(args) -> None:
 
     if args.child == "split":
         packed.PACKED_MAX_TOKENS.clear()
-    from benchmarks.bench_render import job_request
     from cosmos3.layers.packed import PackedProjections
     from cosmos3.pipeline import Cosmos3Pipeline
 
@@ -163,17 +135,6 @@ def still(args) -> None:
     medians = {setting: statistics.median(s for r in rs for s in r["steps"]) for setting, rs in results.items()}
     print(f"\nsteps sum, median over {args.rounds} x {args.stills} stills: packed {medians['packed']:.4f} s, "
           f"split {medians['split']:.4f} s: split/packed {medians['split'] / medians['packed']:.3f}x")
-
-
-def add_still_command(sub, *, stills: int, **child) -> None:
-    """The ``still`` subcommand of a benchmark that renders issue 15's still in alternating child processes; the
-    parent starts each child with ``--child`` (``child``: that argument's ``choices`` or ``nargs``)."""
-    still_parser = sub.add_parser("still")
-    still_parser.add_argument("--root", type=Path, required=True, help="bench_render.py write's --root")
-    still_parser.add_argument("--attention", default="fp8", choices=ATTENTION_CHOICES)
-    still_parser.add_argument("--rounds", type=int, default=2)
-    still_parser.add_argument("--stills", type=int, default=stills)
-    still_parser.add_argument("--child", help=argparse.SUPPRESS, **child)
 
 
 def main() -> None:

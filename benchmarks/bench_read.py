@@ -3,8 +3,7 @@
 On one ``transformer/`` directory (e.g. the Nano checkpoint ``bench_render.py write`` makes), every tensor is
 read to the GPU three ways, each from a cold page cache (``--drop-caches``, needs root) and again warm:
   cat          ``cat`` of the shards to /dev/null: what the disk streams to one reader
-  safetensors  ``safe_open(device="cuda").get_tensor`` per key, after a WILLNEED hint per shard (our loader's
-               reader until 2026-12-01)
+  safetensors  ``safe_open(device="cuda").get_tensor`` per key, after a WILLNEED hint per shard
   ours RxC     ``CheckpointFiles.plan`` + ``get`` in file order: R threads, C-MiB pieces, pinned buffers; one row
                per ``--settings`` entry (the first is the default, tensor_reader.READERS x CHUNK)
 
@@ -25,7 +24,7 @@ from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_render import drop_page_cache  # noqa: E402
+from benchmarks.common import drop_page_cache  # noqa: E402
 from cosmos3 import tensor_reader  # noqa: E402
 from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
 

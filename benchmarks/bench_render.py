@@ -6,25 +6,24 @@ Steps (each fits one device call; run them on one machine, in this order):
     python benchmarks/bench_render.py farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
     python benchmarks/bench_render.py farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
     python benchmarks/bench_render.py diffusers --root /tmp/nano --steps 3 --out $OUT
-    python benchmarks/bench_render.py report $OUT/*.json > results.md
+    python benchmarks/bench_render.py report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
 
 ``write`` streams random weights to disk in the published layout (benchmarks/random_checkpoint.py).
-``farm`` renders the issue's manifest with ``python -m farm submit`` (a fresh worker: its start is the
+``farm`` renders the workload's manifest with ``python -m farm submit`` (a fresh worker: its start is the
 warm start, ops built, its big imports byte-compiled as pip leaves them, checkpoint on local disk, page cache
 dropped first with ``--drop-caches``),
-then turns every job's sidecar into a table. ``--stills N`` adds a farm's stream of issue 15's stills: N of
+then turns every job's sidecar into a table. ``--stills N`` adds a farm's stream of the workload's stills: N of
 them over ``--prompts`` prompts of varied lengths, each prompt with a few seeds, shuffled, so a prompt length comes
 back now and then as in a studio's day; the report gives the distribution of their denoising times, split by
 what each still's CUDA graphs did (sidecar ``cuda_graphs``). ``diffusers`` runs ``Cosmos3OmniPipeline`` on the BF16
 variant (the same weights, dequantized) for a few steps of the T2V job: per-step time and peak memory.
-``report`` prints the tables and the targets of issue 15 from the saved JSON.
+``report`` prints the tables and the workload's targets from the saved JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -35,47 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order  # noqa: E402
 from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
-
-GIB = 1 << 30
-PROMPT = "a slow drone flight between harbour skyscrapers at dusk, city lights switching on, calm water"
-# The issue's manifest: T2V 1280x720 189 frames 35 steps guidance 6; T2I 1024x1024 50 steps guidance 7
-# (its (400, 1000) guidance interval is the T2I default); I2V 1280x720 189 frames. t2i-seed2 and t2i-seed3 are
-# the same still with other seeds, right after it, as in a studio's batch of variations: their GEN passes replay the
-# bucket's graphs the first captured (a prompt length gets its own only once it ran in each of the last 8 jobs),
-# and their prompt's UND pass, run a job ago, is captured by the second and replayed by the third
-# (cosmos3/cuda_graphs.py).
-JOBS = {
-    "t2i": {"id": "t2i", "task": "t2i", "size": [1024, 1024], "steps": 50, "guidance": 7.0, "priority": 10},
-    "t2i-seed2": {"id": "t2i-seed2", "task": "t2i", "size": [1024, 1024], "steps": 50, "guidance": 7.0, "seed": 2,
-                  "priority": 9},
-    "t2i-seed3": {"id": "t2i-seed3", "task": "t2i", "size": [1024, 1024], "steps": 50, "guidance": 7.0, "seed": 3,
-                  "priority": 8},
-    "t2v": {"id": "t2v", "task": "t2v", "size": [1280, 720], "frames": 189, "steps": 35, "guidance": 6.0,
-            "priority": 5},
-    "i2v": {"id": "i2v", "task": "i2v", "image": "inputs/frame.png", "size": [1280, 720], "frames": 189,
-            "steps": 35, "guidance": 6.0},
-}
-
-
-def job_request(name: str):
-    """One of issue 15's jobs (``JOBS[name]``, with ``PROMPT``) as the pipeline's request."""
-    from cosmos3.pipeline import RenderRequest
-
-    job = {k: v for k, v in JOBS[name].items() if k not in ("id", "priority", "size")}
-    width, height = JOBS[name]["size"]
-    return RenderRequest(prompt=PROMPT, width=width, height=height, **job)
-
-
-def machine() -> str:
-    import torch
-
-    if not torch.cuda.is_available():
-        return f"CPU, torch {torch.__version__}"
-    props = torch.cuda.get_device_properties(0)
-    return (f"{props.name}, sm_{props.major}{props.minor}, {props.total_memory / GIB:.0f} GiB, "
-            f"CUDA {torch.version.cuda}, torch {torch.__version__}")
-
 
 # -- write -----------------------------------------------------------------------------------------
 
@@ -102,8 +62,8 @@ def do_write(args) -> dict:
 # -- farm ------------------------------------------------------------------------------------------
 
 
-def issue_jobs(names: list[str]) -> list[dict]:
-    """Issue 15's jobs ``JOBS[name]`` as manifest entries, with ``PROMPT``."""
+def workload_jobs(names: list[str]) -> list[dict]:
+    """The workload's jobs ``JOBS[name]`` as manifest entries, with ``PROMPT``."""
     return [{**JOBS[name], "prompt": PROMPT} for name in names]
 
 
@@ -116,12 +76,10 @@ STREAM_PREFIX = "still-"  # a stream still's job id
 
 
 def stream_jobs(stills: int, prompts: int) -> list[dict]:
-    """``stills`` of issue 15's T2I over ``prompts`` prompts of ``PROMPT`` plus 0 to 119 words (seeded): the prompts
+    """``stills`` of the workload's T2I over ``prompts`` prompts of ``PROMPT`` plus 0 to 119 words (seeded): the prompts
     in shuffled passes, a new seed each pass, so a prompt's length comes back after about ``prompts`` stills. The
     lengths span the 128- and 256-row buckets of cuda_graphs.prefix_rows."""
     import random
-
-    from benchmarks.bench_still_stream import stream_order
 
     rng = random.Random(15)
     texts = [" ".join([PROMPT + ","] + rng.choices(STREAM_WORDS, k=rng.randrange(120))) for _ in range(prompts)]
@@ -136,7 +94,7 @@ def stream_jobs(stills: int, prompts: int) -> list[dict]:
 
 
 def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[dict], attention: str = "auto") -> Path:
-    """A manifest of ``jobs`` (manifest entries: ``issue_jobs``, ``stream_jobs``) on the checkpoint."""
+    """A manifest of ``jobs`` (manifest entries: ``workload_jobs``, ``stream_jobs``) on the checkpoint."""
     import imageio.v3 as iio
     import numpy as np
     import yaml
@@ -172,16 +130,6 @@ def wait_for_idle_gpu(limit: float = 120.0) -> float:
     return time.perf_counter() - started
 
 
-def drop_page_cache() -> str:
-    """So the worker reads its checkpoint from the disk, not from memory the writer just filled."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return "dropped"
-    except OSError as err:
-        return f"not dropped ({err})"
-
-
 def compile_bytecode() -> float:
     """Seconds to byte-compile every folder on ``sys.path`` (the environment and this tree), as pip and the
     distribution do when they install: the device's carried wheels are installed ``--no-compile``, and it keeps no
@@ -199,25 +147,25 @@ def compile_bytecode() -> float:
 
 
 def _collect(folder: Path, out: Path, variant: str, stop: threading.Event) -> None:
-    """Copies each sidecar of issue 15's jobs to ``out`` as soon as it is published: a run cut short still reports
+    """Copies each sidecar of the workload's jobs to ``out`` as soon as it is published: a run cut short still reports
     its jobs (a stream's stills are many: they are in the run's JSON only)."""
     while not stop.wait(5.0):
         for sidecar in (folder / "renders").glob("*/*.json"):
             if sidecar.name.startswith(STREAM_PREFIX):
                 continue
-            shutil.copyfile(sidecar, out / f"sidecar-{variant}-{sidecar.parent.name}.json")
+            shutil.copyfile(sidecar, out / "sidecars" / f"{variant}-{sidecar.name}")
 
 
 def do_farm(args) -> dict:
     checkpoint = args.root / args.variant
     folder = args.root / f"run-{args.variant}-{args.attention}"
     shutil.rmtree(folder, ignore_errors=True)
-    jobs = issue_jobs([name for name in args.jobs.split(",") if name]) + stream_jobs(args.stills, args.prompts)
+    jobs = workload_jobs([name for name in args.jobs.split(",") if name]) + stream_jobs(args.stills, args.prompts)
     manifest = write_manifest(folder, checkpoint, args.variant, jobs, args.attention)
     compiled = compile_bytecode()
     waited = wait_for_idle_gpu()
     cache = drop_page_cache() if args.drop_caches else "kept"
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sidecars").mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     collector = threading.Thread(target=_collect, args=(folder, args.out, args.variant, stop), daemon=True)
     collector.start()
@@ -402,7 +350,7 @@ def job_table(job: str, record: dict) -> list[str]:
 
 
 def targets(farm: dict, diffusers: dict | None, bf16: dict | None) -> list[str]:
-    lines = ["### Targets of issue 15", "", "| target | measured | met |", "|---|---|---|"]
+    lines = ["### Targets", "", "| target | measured | met |", "|---|---|---|"]
     jobs = farm["sidecars"]
     if any(record["gpu_seconds"] is None for record in jobs.values()):
         return lines[:2] + ["(rendered on the CPU: the targets are for the GPU)", ""]
@@ -488,7 +436,7 @@ def stream_tables(farm: dict) -> list[str]:
     sums = [sum(record["timings"]["steps"]) for record in stills]
     span = stills[-1]["finished"] - stills[0]["started"]
     prompts = len({record["job"]["request"]["prompt"] for record in stills})
-    lines = [f"### A stream of {len(stills)} stills over {prompts} prompts (issue 15's T2I, 1024x1024, 50 steps)", "",
+    lines = [f"### A stream of {len(stills)} stills over {prompts} prompts (T2I 1024x1024, 50 steps)", "",
              "| figure | value |", "|---|---|",
              f"| first still started to last one published | {span:.1f} s: {3600 * len(stills) / span:.0f} stills an "
              "hour on one GPU |",
@@ -558,8 +506,19 @@ def direct_tables(r: dict) -> list[str]:
     return lines + [""]
 
 
+def read_results(paths: list[str]) -> list[dict]:
+    """This benchmark's results among ``paths``: a glob over an ``--out`` folder also matches the jobs' sidecars
+    that ``farm`` copies there, which are skipped."""
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    results = [r for r in loaded if isinstance(r, dict) and r.get("kind") in KINDS]
+    if not results:
+        raise SystemExit(f"none of {len(paths)} files is a bench_render result (a JSON object whose 'kind' is one "
+                         f"of {', '.join(KINDS)}); pass the files the write, farm, diffusers or direct step wrote")
+    return results
+
+
 def do_report(args) -> None:
-    results = [json.loads(Path(p).read_text()) for p in args.results]
+    results = read_results(args.results)
     by_kind = {}
     for r in results:
         by_kind.setdefault((r["kind"], r.get("variant")), r)
@@ -610,7 +569,7 @@ def main() -> None:
     farm = sub.add_parser("farm")
     farm.add_argument("--root", type=Path, required=True)
     farm.add_argument("--variant", default="fp8")
-    farm.add_argument("--jobs", default="t2i,t2v,i2v", help="issue 15's jobs (JOBS), comma-separated; may be empty")
+    farm.add_argument("--jobs", default="t2i,t2v,i2v", help="the workload's jobs (JOBS), comma-separated; may be empty")
     farm.add_argument("--stills", type=int, default=0, help="a stream of this many stills after them")
     farm.add_argument("--prompts", type=int, default=50, help="the stream's prompts (each with several seeds)")
     farm.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
@@ -632,13 +591,15 @@ def main() -> None:
         parser.error(f"--stills {args.stills} needs --prompts of at least 1 (got {args.prompts})")
     if args.command == "report":
         return do_report(args)
-    result = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}[args.command](args)
+    result = KINDS[args.command](args)
     out = getattr(args, "out", None) or args.root
     out.mkdir(parents=True, exist_ok=True)
     name = f"{args.command}-{getattr(args, 'variant', '') or 'all'}.json"
     (out / name).write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out / name}")
 
+
+KINDS = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}  # a result's "kind"
 
 if __name__ == "__main__":
     main()

@@ -43,6 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import timed  # noqa: E402
 from cosmos3.checkpoint import SKIPPED, TensorDict  # noqa: E402
 from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
 from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
@@ -66,22 +67,6 @@ def nano_config(layers: int, vocab: int, sound: bool = False) -> dict:
                 patch_latent_dim=192, rope_theta=5e6,
                 rope_scaling={"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
                 sound_gen=sound, sound_dim=NANO_SOUND.sound_dim if sound else None)
-
-
-def timed(fn, iters: int, warmup: int) -> float:
-    """Median milliseconds of ``fn`` over ``iters`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def peak_over_resident(fn) -> tuple[float, float]:

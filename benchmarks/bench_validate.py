@@ -1,9 +1,9 @@
-"""Validation time of a seed sweep grows linearly with its seeds (issue 14: 100,000 seeds took 242 s).
+"""Validation time of a seed sweep grows linearly with its seeds (a pairwise check takes 242 s for 100,000).
 
 For each sweep size it validates one manifest (`farm.manifest.load`: read, parse, resolve every job, check
 every output path) and prints seconds, microseconds per seed and the ratio of time to the smallest size's
 time beside the ratio of sizes: linear growth keeps the two equal. As a baseline, measured in the same run,
-the pairwise duplicate check the sweep rule used before (`seeds.count(s)` per seed) at the small sizes.
+a pairwise duplicate check (`seeds.count(s)` per seed) at the small sizes.
 
     python benchmarks/bench_validate.py --seeds 10000 30000 100000
 """

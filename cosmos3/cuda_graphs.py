@@ -15,9 +15,9 @@ ever new prompts replays graphs instead of capturing two a still (two extra forw
 per CFG branch (``BUCKET_SLOTS``), so that each keeps its branch's K/V between passes. A length that ran in
 each of the last ``RECURRING_JOBS`` jobs (a negative prompt's, a prompt template's, a long batch of one prompt)
 gets graphs of its exact length, as every length does with other kernels: FA3's skipping kernel is its varlen
-build, ~8% slower a call at a still's size (benchmarks/results/h200-2026-12-03-session21.md), ~0.007 s a still.
+build, ~8% slower a call at a still's size (benchmarks/results/h200-graphs.md), ~0.007 s a still.
 Capturing them costs ~0.06 s a graph, two a branch (W8A16 and W8A8 steps), so only a length that keeps coming pays
-them back; a prompt rendered with a few seeds replays its bucket throughout (h200-2026-12-03-session24.md). A
+them back; a prompt rendered with a few seeds replays its bucket throughout (h200-graphs.md). A
 length's exact graphs, once captured, replay while they are held. All GEN graphs share one memory pool; they never
 run concurrently and outputs are cloned out.
 
@@ -29,12 +29,12 @@ address is in their graphs); ``prepare`` drops it, and the graphs that read it, 
 too long for graphs, which would gain nothing from it (a clip's W8A16 forward is ~1.9 s).
 
 A job's UND pass (once per CFG branch) is launch-bound too: ~1,700 small kernels a branch for a prompt of ~50
-tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-2026-12-02-session13.md). In short
+tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-graphs.md). In short
 jobs, a prompt length's pass is captured when the length ran in one of the last ``UND_RECENT_PASSES`` UND passes
 (that eager pass is the call's answer) and replayed after: a negative prompt's length repeats in every job, and so
 does a prompt template's, while a length seen once, or only now and then (most prompts), never pays for a capture.
 UND graphs have no buckets: a bucket's rows would change the GEMMs' row count, and cuBLAS's BF16 GEMMs (the
-published policy's W8A16 UND linears) give other bits at some row counts (h200-2026-12-03-session22.md), so a
+published policy's W8A16 UND linears) give other bits at some row counts (h200-not-kept.md), so a
 prompt's K/V would depend on the graph that served it. A UND graph has its own pool (its W8A16 passes'
 dequantized weights, one at a time), given back with the dequantized GEN weights before a long job.
 """
@@ -55,7 +55,7 @@ from cosmos3.quant.w8a16 import DequantizedWeights
 from cosmos3.transformer import Cosmos3Transformer, GenLayout, GenOutput, UndCache
 
 # Above this many GEN tokens a step is bound by its maths, not its launches: on the H200 a graphed Nano
-# step at 44,160 tokens (720p, 189 frames) is as fast as an eager one (benchmarks/results/h200-2026-11-30.md),
+# step at 44,160 tokens (720p, 189 frames) is as fast as an eager one (benchmarks/results/h200-transformer.md),
 # while each capture costs two extra forwards (warm-up + capture, ~2.6 s each in FP8) and keeps the step's
 # activations (~5 GiB) reserved in the graph pool. Such steps run eagerly.
 GRAPH_MAX_TOKENS = 16384
@@ -72,7 +72,7 @@ MIN_PREFIX_ROWS = 128
 MAX_GRAPHS = 16
 # Graphs a bucket keeps for a mode: one per CFG branch, whose prompts often share a bucket. A graph that holds the
 # other branch's K/V copies them in before each pass, 2 x layers small copies (~0.005 s a Nano still on the H200,
-# benchmarks/results/h200-2026-12-03-session25.md).
+# benchmarks/results/h200-graphs.md).
 BUCKET_SLOTS = 2
 # A prompt length gets GEN graphs of its exact length once it ran in each of the last this many jobs (see the
 # module's docstring): the exact graphs of a still's two branches (4) fit in MAX_GRAPHS beside the buckets'.
@@ -161,7 +161,7 @@ class JobGraphs:
 class GenGraphs:
     """A model's CUDA graphs. A prompt length gets GEN graphs of its exact length once it ran in ``recurring_jobs``
     of the last ``recent_jobs`` jobs (by default each of the last RECURRING_JOBS); other rules exist to be measured
-    against (benchmarks/bench_still_stream.py)."""
+    against (benchmarks/bench_graphs.py stream)."""
 
     def __init__(self, model, *, max_graphs: int = MAX_GRAPHS, recurring_jobs: int = RECURRING_JOBS,
                  recent_jobs: int | None = None, bucket_slots: int = BUCKET_SLOTS):

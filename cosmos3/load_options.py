@@ -25,7 +25,7 @@ PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae
 # accumulator, as torchao's FP8 inference configs and vLLM's Hopper FP8 kernels do; "fp32": partial sums promoted
 # to fp32 registers every K block (cuBLAS's careful mode): 10-20x less accumulation error, still far under the e4m3
 # quantization's own, and a Nano still 1.048x slower on the H200
-# (benchmarks/results/h200-2026-12-04-fp8-accumulation.md). The CPU path always sums in fp32.
+# (benchmarks/results/h200-fp8.md). The CPU path always sums in fp32.
 FP8_ACCUMULATIONS = ("fast", "fp32")
 
 

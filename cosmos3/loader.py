@@ -12,7 +12,7 @@ from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import GEN
 from cosmos3.layers.linear import Linear
 from cosmos3.load_options import LoadOptions, Precision, resolve
-from cosmos3.quant import get_quant_method
+from cosmos3.quant import W8A16, get_quant_method
 from cosmos3.step_precision import StepPrecisionController
 from cosmos3.timing import Clock
 from cosmos3.transformer import Cosmos3Transformer
@@ -71,7 +71,7 @@ def build_transformer(
     if policy is not None:
         gen, und = tower_linears(model)
         w8a8 = get_quant_method(precision, fp8_accumulation)
-        model.step_controller = StepPrecisionController(gen, und, policy, w8a8, model.attention)
+        model.step_controller = StepPrecisionController(gen, und, policy, w8a8, W8A16, model.attention)
     return model.eval()
 
 

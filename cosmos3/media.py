@@ -98,8 +98,9 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
     the PNG writer read.
 
     The channel-last transpose runs where the video is: a transposed view handed to the host left the encoder
-    a strided gather of a Nano clip's 522 MB, 1.4 s of one core on the H200's host. From a GPU the frames come
-    through pinned memory (torch's cached host blocks): 0.011 s instead of 0.38 s for a pageable copy there.
+    a strided gather of a Nano clip's 522 MB, 1.8 s on the H200's host. From a GPU the frames come through pinned
+    memory (torch's cached host blocks): 0.018 s instead of 0.42 s for a pageable copy there
+    (benchmarks/results/h200-render.md).
     """
     levels = video.to(torch.float32, copy=True).div_(2).add_(0.5).clamp_(0, 1).mul_(255).round_()
     frames = levels.to(torch.uint8).permute(1, 2, 3, 0).contiguous()  # [T, H, W, 3]

@@ -28,14 +28,14 @@ of any rank (attention_inputs': 3); a norm's weight and tables have its input's 
 fp32 tensor with one element on the input's device (read by the kernel, never on the host, so CUDA graphs see
 in-place updates).
 
-Registration. Schemas, CPU impls and fake impls are registered here with ``torch.library.Library``
-(``define``/``impl``: ~3.6 us a call, against ~11 us for ``torch.library.custom_op``; kernels.md section 4), so
-the ops exist on a machine without CUDA. The CPU impls are ``cosmos3.ops_cpu``: the kernels' arithmetic, bit
-for bit. The CUDA kernels are registered by csrc/torch_bindings.cpp (``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)``)
-once ``cosmos3.ops_loader.load_cuda_ops`` has loaded the library (prebuilt or JIT-built). Until then a CUDA
-call falls through to a CompositeExplicitAutograd kernel registered here that loads the library and calls
-the op again; a backend (CUDA) kernel takes precedence over CompositeExplicitAutograd, so afterwards every
-call goes straight to C++.
+Registration. The schemas are defined in ``cosmos3.op_schemas``; CPU impls and fake impls are registered here on
+its ``torch.library.Library`` (``define``/``impl``: ~3.6 us a call, against ~11 us for ``torch.library.custom_op``;
+kernels.md section 4), so the ops exist on a machine without CUDA. The CPU impls are ``cosmos3.ops_cpu``: the
+kernels' arithmetic, bit for bit. The CUDA kernels are registered by csrc/torch_bindings.cpp
+(``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)``) once ``cosmos3.ops_loader.load_cuda_ops`` has loaded the library
+(prebuilt or JIT-built). Until then a CUDA call falls through to a CompositeExplicitAutograd kernel registered
+here that loads the library and calls the op again; a backend (CUDA) kernel takes precedence over
+CompositeExplicitAutograd, so afterwards every call goes straight to C++.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from cosmos3 import ops_cpu, ops_loader
+from cosmos3.op_schemas import LIB as _LIB
 from cosmos3.ops_cpu import FP8
 from cosmos3.ops_loader import load_cuda_ops
 
@@ -51,20 +52,6 @@ __all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "add_rms_norm", "attentio
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEQUANTIZE_DTYPES = (torch.bfloat16, torch.float16)  # dequantize_fp8's outputs: a W8A16 GEMM's 16-bit operand
-
-_LIB = torch.library.Library("cosmos3", "FRAGMENT")
-_LIB.define("silu_and_mul_2in(Tensor gate, Tensor up, Tensor? scale=None, float? limit=None, float alpha=1.0, "
-            "float beta=0.0) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
-_LIB.define("quantize_fp8(Tensor x, Tensor scale) -> Tensor", tags=(torch.Tag.pt2_compliant_tag,))
-_LIB.define("dequantize_fp8(Tensor weight, Tensor scale, ScalarType dtype) -> Tensor",
-            tags=(torch.Tag.pt2_compliant_tag,))
-_LIB.define("rms_norm(Tensor x, Tensor weight, float eps, Tensor? scale=None) -> Tensor",
-            tags=(torch.Tag.pt2_compliant_tag,))
-_LIB.define("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps, Tensor? scale=None) -> (Tensor, Tensor)",
-            tags=(torch.Tag.pt2_compliant_tag,))
-_LIB.define("attention_inputs(Tensor q, Tensor k, Tensor v, Tensor q_weight, Tensor k_weight, float eps, Tensor cos, "
-            "Tensor sin, Tensor k_prefix, Tensor v_prefix) -> (Tensor, Tensor, Tensor)",
-            tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def silu_and_mul_2in(gate: torch.Tensor, up: torch.Tensor, *, scale: torch.Tensor | None = None,

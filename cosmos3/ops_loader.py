@@ -33,7 +33,7 @@ from typing import Literal
 import structlog
 import torch
 
-from cosmos3 import launch_table, ops_build
+from cosmos3 import launch_table, op_schemas, ops_build  # noqa: F401 - op_schemas: the schemas the kernels register under
 
 log = structlog.get_logger(__name__)
 
@@ -61,8 +61,6 @@ def load_cuda_ops() -> CudaOps:
     """Loads the kernels once per process (prebuilt, else JIT) and sets every visible device's launch
     parameters. Safe to call again and from several threads."""
     global _loaded
-    from cosmos3 import ops  # noqa: F401  (the schemas the library registers its kernels under)
-
     with _lock:
         if _loaded is None:
             if not torch.cuda.is_available():

@@ -188,7 +188,7 @@ class Cosmos3Pipeline:
     ) -> Cosmos3Pipeline:
         """Load every component; ``dtype`` defaults to bf16 on CUDA and fp32 on CPU. The VAE runs in ``dtype`` on
         CUDA (as diffusers' pipeline does when loaded in bf16: a Nano clip's decode 9.9 s and 26.9 GiB peak in bf16
-        vs 15.2 s and 39.4 GiB in fp32 on the H200) and in fp32 on the CPU.
+        vs 15.2 s and 39.4 GiB in fp32 on the H200: benchmarks/results/h200-render.md) and in fp32 on the CPU.
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``, ``step_precision``,
         ``attention``, ``fp8_accumulation`` and ``parallel`` are ``cosmos3.load_options.LoadOptions`` (checked by

@@ -94,7 +94,7 @@ class PromptTokenizer:
     def load_in_background(cls, path: str | Path) -> BackgroundBuild[PromptTokenizer]:
         """``from_pretrained`` in a thread, so transformers' import overlaps the caller's next work (the
         transformer's load). Its first import took 14 s in a farm worker on an H200 host: transformers 5.17 brings
-        in ``torch.distributed.tensor``, sympy and scikit-learn (benchmarks/results/h200-2026-12-03-session26.md).
+        in ``torch.distributed.tensor``, sympy and scikit-learn (benchmarks/results/h200-render.md).
         A missing ``tokenizer_config.json`` raises here; what the load raises, at ``result()``. Returns once the
         thread holds LIBRARY_IMPORT, so an import the caller starts next (the VAE's, which pulls in transformers
         too) waits for this one instead of the reverse."""

@@ -134,8 +134,8 @@ def _unchecked_solve() -> type:
     UniPC's corrector solves an ``order x order`` system on the device every step, and the check reads the
     factorization's status back to the host: the host waits for the GPU to drain, then the GPU idles while the
     host launches the rest of the step, ~50 small kernels (the largest GPU-idle gap of a graphed still's step on
-    the H200). Unchecked, the whole step queues behind the forwards. The system cannot be singular: it is a
-    Vandermonde matrix in the ratios ``r_k`` of distinct log-SNR steps (distinct sigmas).
+    the H200: benchmarks/results/h200-render.md). Unchecked, the whole step queues behind the forwards. The system
+    cannot be singular: it is a Vandermonde matrix in the ratios ``r_k`` of distinct log-SNR steps (distinct sigmas).
     """
     import torch
     from torch.overrides import TorchFunctionMode

@@ -140,20 +140,18 @@ def _published_shape() -> dict:
 
 
 class StepPrecisionController:
-    """Rebinds static-FP8 linears between W8A8 (``w8a8``, the model's static-FP8 method) and W8A16, and attention
-    between FP8 and BF16 with them; holds no tensors of its own. ``attention`` is the model's AttentionKernels
-    (its ``precise`` flag)."""
+    """Rebinds static-FP8 linears between W8A8 (``w8a8``, the model's static-FP8 method) and W8A16 (``w8a16``),
+    and attention between FP8 and BF16 with them; holds no tensors of its own. ``attention`` is the model's
+    AttentionKernels (its ``precise`` flag). The methods come in as arguments so these rules stay torch-free."""
 
-    def __init__(self, gen_linears: list, und_linears: list, policy: StepPolicy, w8a8, attention=None):
-        from cosmos3.quant import W8A16
-
-        self._w8a8, self._w8a16 = w8a8, W8A16
+    def __init__(self, gen_linears: list, und_linears: list, policy: StepPolicy, w8a8, w8a16, attention=None):
+        self._w8a8, self._w8a16 = w8a8, w8a16
         self.policy = policy
         self.gen_linears = gen_linears
         self.attention = attention
         self.step: tuple[int, int] | None = None
         self._precise: bool | None = None  # the mode the linears are bound to (None: not yet bound)
-        und_method = W8A16 if policy.reasoner == "a16" else w8a8
+        und_method = w8a16 if policy.reasoner == "a16" else w8a8
         for linear in und_linears:  # once per model: the UND tower is not step-gated
             linear.quant_method = und_method
 

@@ -8,7 +8,8 @@ it lands. ``PlannedRead`` reads a list of tensors in the loader's order, at most
 the loader has taken; ``read_tensor`` reads one, in the calling thread.
 
 benchmarks/bench_read.py, a Nano FP8 checkpoint (16.5 GB) to the H200: from the page cache 14.9-19.6 GB/s vs
-safetensors' 4.0-4.2 (3.7-4.6x); from the disk 1.49-1.55 GB/s vs 1.25-1.35, the disk's own ``cat`` 1.44-1.58.
+safetensors' 4.0-4.2 (3.7-4.6x); from the disk 1.49-1.55 GB/s vs 1.25-1.35, the disk's own ``cat`` 1.44-1.58
+(benchmarks/results/h200-read.md).
 """
 
 from __future__ import annotations

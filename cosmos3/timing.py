@@ -27,8 +27,9 @@ class Clock:
 class StepTimes:
     """Per-step times that do not drain the device: on CUDA an event is queued at each step boundary, and a step's
     time is the device's, from the end of the previous step's work to the end of its own (idle time in between
-    counts, as for wall time). ``Clock`` between steps drained the GPU's queue twice a step, and the GPU then
-    idled while Python launched the next step (about 1 ms a step of a graphed still on the H200).
+    counts, as for wall time). A ``Clock`` between steps would drain the GPU's queue twice a step, and the GPU
+    would then idle while Python launches the next step (about 1 ms a step of a graphed still on the H200:
+    benchmarks/results/h200-render.md).
     """
 
     def __init__(self, device: torch.device):

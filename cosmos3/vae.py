@@ -6,8 +6,8 @@ The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames `
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
 
 ``VAEBuild`` builds one in a thread (``cosmos3.background_build``), so a pipeline can be ready before diffusers'
-import (5-6 s on the CPU machine, 12-17 s on the H200 host) and the weights are; what can be checked without
-diffusers is checked first, in the caller (``check_vae_dir``).
+import (5-6 s on the CPU machine, 12-17 s on the H200 host: benchmarks/results/h200-render.md) and the weights
+are; what can be checked without diffusers is checked first, in the caller (``check_vae_dir``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cosmos3.errors import CheckpointError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
-# in bf16 on the H200 (benchmarks/results/h200-2026-12-01-render.md): ~138 and ~68 bytes per output pixel; per
+# in bf16 on the H200 (benchmarks/results/h200-render.md): ~138 and ~68 bytes per output pixel; per
 # byte of the VAE's dtype, rounded up.
 UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
 
@@ -57,7 +57,7 @@ class WanVAE:
 
         # Built on the meta device, then given the file's tensors read straight onto `device`. diffusers'
         # from_pretrained without `accelerate` (not a dependency) first initialises every parameter on the CPU
-        # and then copies: 15.5 s of a Nano worker's start on the H200 (benchmarks/results/h200-2026-12-01-render.md).
+        # and then copies: 15.5 s of a Nano worker's start on the H200 (benchmarks/results/h200-render.md).
         with torch.device("meta"):
             vae = AutoencoderKLWan.from_config(AutoencoderKLWan.load_config(str(path)))
         weights = path / DIFFUSERS_WEIGHTS

@@ -1,4 +1,4 @@
-"""Train the toy Cosmos3 checkpoint on CPU and write it as BF16 and as static FP8 (issue 8).
+"""Train the toy Cosmos3 checkpoint on CPU and write it as BF16 and as static FP8.
 
     python scripts/train_toy.py                       # -> checkpoints/toy/{bf16,fp8}
     python scripts/train_toy.py --out /tmp/toy --vae-steps 20 --steps 20    # a smoke run

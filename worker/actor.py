@@ -130,8 +130,9 @@ def settle_heap() -> None:
 
     A full collection walks every object the process tracks (torch, Ray, diffusers and the model; 0.36 s for
     the imports alone on a 2-core machine) with the GIL held. Between a render's steps the GPU then idles: in a
-    farm run on the H200 one step of a still took 0.319 s instead of 0.016 s, and each CUDA-graph capture runs
-    one. Collecting first keeps garbage out of the frozen heap; a job's own is collected before the next job.
+    farm run on the H200 one step of a still took 0.319 s instead of 0.016 s (benchmarks/results/h200-render.md),
+    and each CUDA-graph capture runs one. Collecting first keeps garbage out of the frozen heap; a job's own is
+    collected before the next job.
     """
     gc.collect()
     gc.freeze()

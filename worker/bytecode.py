@@ -5,7 +5,7 @@ scipy, scikit-learn where installed: 2,700 modules compiled in 8.6 s of a transf
 pip leaves their ``.pyc`` files beside the sources. An environment without them (a read-only copy with no
 ``__pycache__``, installed with ``--no-compile``, or ``PYTHONDONTWRITEBYTECODE=1`` so Python never keeps what it
 compiled) compiles all of it again in every worker process. On the H200 host a Nano FP8 pipeline loaded in 30.7 s
-that way, and in 10.7 s with the bytecode cached (benchmarks/results/h200-2026-12-01-worker-start.md).
+that way, and in 10.7 s with the bytecode cached (benchmarks/results/h200-render.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from farm.errors import StorageFault
 # Visually lossless H.264; yuv420p is what browsers and players decode; faststart puts the index first
 # so a partially downloaded file starts playing. Preset veryfast: x264's medium took 5.8 s for a Nano clip
 # (189 frames of 720p) on the H200's host while the GPU waited; veryfast encodes 3-5x faster at CRF 18
-# with files no larger (benchmarks/results/h200-2026-12-01-render.md).
+# with files no larger (benchmarks/results/cpu-encode.md).
 # benchmarks/bench_encode.py: superfast is 1.3x faster, ultrafast 3.3x but 1.2x (noise) to 2.7x (structured frames)
 # larger; structured frames encode 4x faster than the noise of a random-weights render.
 MP4_PRESET = "veryfast"
@@ -159,8 +159,8 @@ def _ffmpeg(arguments: list[str], stdin: np.ndarray, path: Path) -> None:
 def _read_back_mp4(path: Path, frames: np.ndarray) -> None:
     """The published file must hold as many frames of the rendered size as were rendered. The first frame is
     decoded (its size); the rest are counted as the container stores them, not decoded: decoding every frame of
-    a noise-like Nano clip took 1.4 s of its 3.4 s encode on the H200's 16-core host (bench_encode.py), and a
-    file cut short counts short either way."""
+    a noise-like Nano clip took 1.16 s against 0.55 s counting on the H200's 16-core host
+    (benchmarks/results/cpu-encode.md), and a file cut short counts short either way."""
     count, height, width, _ = frames.shape  # [T, H, W, 3]
     try:
         reader = imageio_ffmpeg.read_frames(str(path))

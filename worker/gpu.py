@@ -33,7 +33,7 @@ def check_assignment(gpu_ids: list[str], visible: str | None) -> None:
 
 # A GPU worker's CUDA caching allocator grows segments instead of caching fixed-size blocks: the Wan VAE's
 # decode of a 720p clip allocates blocks of many sizes, and with fixed segments the reserved memory ran 12 GiB
-# above the allocated peak on the H200 (benchmarks/results/h200-2026-12-01-rerun.md).
+# above the allocated peak on the H200 (benchmarks/results/h200-render.md).
 CUDA_ALLOC_CONF = "expandable_segments:True"
 # cuBLASLt gets no workspace (KiB; torch reads it at its first cuBLASLt call). With one, at a still's 1,024 tokens
 # cuBLAS runs the MLP's gate and up GEMMs ([1024, 4096] x [4096, 12288], FP8) as a kernel that needs its workspace

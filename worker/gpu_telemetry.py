@@ -3,7 +3,7 @@
 A render's seconds depend on the chip as well as the code. An H200 rendering a still sits at its 700 W cap with its
 SM clock near 1,635 MHz instead of 1,980 (FP8 GEMM loops: ~1,400), two H200s have run the same still up to 2.6%
 apart, and a node held down by heat or a lowered power limit is slower still
-(benchmarks/results/h200-2026-12-02-session17.md). Every sidecar therefore says how this render's GPU ran, read
+(benchmarks/results/h200-render.md). Every sidecar therefore says how this render's GPU ran, read
 through NVML on a thread every ``PERIOD`` seconds while the job renders; a worker without NVML (a CPU worker, a
 fake) writes nulls.
 """

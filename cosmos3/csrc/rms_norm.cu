@@ -1,10 +1,10 @@
 // RMSNorm over the last dim, fused with its neighbours in a decoder layer: rms_norm takes the residual add
 // before it and the FP8 quantization after it (a layer's input norms feed FP8 projections); attention_inputs
 // takes the rotary embedding after the QK norm of each head of q and k, and writes k and v behind the UND
-// tower's K/V (GEN queries attend to [K_und ; K_gen]). At a still's 1,024 tokens each of those neighbours was a
-// kernel of its own, ~8 us apiece, 36 layers x 10 of them a forward; then the QK norms and the two K/V
-// concatenations were still four launches a layer (on the H200: 8.0 + 8.0 + 2.1 + 2.1 us, mostly launch and
-// tail latency for ~24 MB), now one.
+// tower's K/V (GEN queries attend to [K_und ; K_gen]). At a still's 1,024 tokens each of those neighbours as a
+// kernel of its own costs ~8 us, 36 layers x 10 of them a forward, and the QK norms and the two K/V
+// concatenations alone are four launches a layer (on the H200: 8.0 + 8.0 + 2.1 + 2.1 us, mostly launch and
+// tail latency for ~24 MB); fused, they are one (benchmarks/results/h200-kernels.md).
 //
 // Arithmetic, reproduced bit for bit by cosmos3/ops_cpu.py (the reduction order included):
 //   x       = the row, or fp32(a) + fp32(d) rounded to the input dtype with a residual (written to sum_out)

@@ -17,7 +17,7 @@ Hopper cuDNN also writes O as FP8 (|O| <= max|V|, so O's scale is V's), which we
 bench_attention.py measured the candidates on the H200 at 44,160 x 44,672: FA3's kernels are the fastest,
 fa3-fwd 0.0.3's (BF16 666 TFLOP/s vs cuDNN's 623 in the same run; FP8 894 at 1.6% relative L2 vs cuDNN's 788
 at 2.0%) a little ahead of FlashInfer 0.7.4's (663 and 847, another run); at 1,024 x 1,536 FlashInfer's BF16
-kernel took 0.068 ms vs cuDNN's 0.097. Smoothing V is what makes cuDNN's
+kernel took 0.068 ms vs cuDNN's 0.097 (benchmarks/results/h200-attention.md). Smoothing V is what makes cuDNN's
 FP8 usable there: without it the error grows with the key count (3.8% relative L2 at 1,536 keys, 31% at
 44,672, where the emulation stays at 3%), with it 2.0%. FA3 is Hopper-only (sm_90a): Blackwell runs cuDNN.
 """
@@ -157,7 +157,8 @@ class CudnnFp8Kernel:
 
     name = "cudnn-fp8"
     # Below this many queries FP8 costs more than it saves (quantizing Q/K/V, the FP8 O pass): on the H200
-    # it was 0.86x of the step at 1,024 GEN tokens, level at 8,192, 1.37x faster alone at 16,384.
+    # it was 0.86x of the step at 1,024 GEN tokens, level at 8,192, 1.37x faster alone at 16,384
+    # (benchmarks/results/h200-attention.md).
     min_queries = 16384
 
     def __init__(self, *, smooth_values: bool = True):

@@ -3,8 +3,8 @@
 Each use is one ``torch.ops.cosmos3`` kernel together with its neighbours in the layer: ``add`` takes the
 residual add before the norm, ``scale`` the FP8 quantization after it (a norm that feeds static W8A8
 projections). The QK norms only hold their weights: ``cosmos3.ops.attention_inputs`` (in MoTAttention)
-normalizes q and k, applies RoPE and appends k and v to the UND K/V in one kernel. A GEN layer at a still's
-1,024 tokens ran those neighbours as ten kernels of their own; every norm also used to be its own kernel.
+normalizes q and k, applies RoPE and appends k and v to the UND K/V in one kernel. Run as kernels of
+their own, those neighbours are ten launches a GEN layer at a still's 1,024 tokens (benchmarks/results/h200-kernels.md).
 diffusers rounds the normalized value to bf16 before the weight multiply; we round once (identical in fp32).
 """
 

@@ -7,7 +7,7 @@ them. K and V are narrow (1,024 columns for Nano: 64 tiles for 132 SMs at a stil
 is slower than its per-tensor one. ``PackedProjections.wants`` decides by the tokens, against
 ``PACKED_MAX_TOKENS`` for the device's SM (benchmarks/bench_packed_gemm.py measures a row). An MLP's gate and up
 stay two GEMMs: packed (24,576 columns, the swiglu reading the two halves in place), they ran slower on the H200
-at every size from 1,024 tokens up (benchmarks/results/h200-2026-12-02-session15.md).
+at every size from 1,024 tokens up (benchmarks/results/h200-not-kept.md).
 
 Each projection keeps its own calibrated scales: the wide GEMM scales its columns by ``input_scale *
 weight_scale`` of their projection (the fp32 product the per-tensor GEMM uses) and its rows by 1, so every
@@ -28,7 +28,7 @@ from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod, scaled_mm
 # never packs (the split path is the one every arch was verified on). sm_90: benchmarks/bench_packed_gemm.py on
 # two H200s (torch 2.11+cu130, CUDA 13.0, no cuBLASLt workspace), 2026-12-02, Nano's GEN Q/K/V: 1.70-1.72x at
 # 256 tokens, 1.15-1.23x at 1,024, 1.03-1.05x at 4,096, 1.00x at 8,192, 0.94-0.96x at 44,160
-# (benchmarks/results/h200-2026-12-02-session15.md).
+# (benchmarks/results/h200-fp8.md).
 PACKED_MAX_TOKENS: dict[int, int] = {90: 4096}
 
 

@@ -2,18 +2,16 @@
 
 A ``Linear`` owns its tensors; a method object decides how they are created, loaded and used.
 Methods hold no tensors, so one instance serves every layer and switching a layer between two
-methods (step precision) is an attribute assignment.
+methods (step precision) is an attribute assignment. ``layer`` is that ``cosmos3.layers.linear.Linear``, typed as
+the ``nn.Module`` it is: the layer imports this interface, not the other way round.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from cosmos3.layers.linear import Linear
+from torch import nn
 
 # A fused Linear loads one dict per shard: {"weight": T, "weight_scale": T, ...}.
 ShardTensors = dict[str, dict[str, torch.Tensor]]
@@ -24,28 +22,28 @@ class LinearMethod(ABC):
     shares_input_quant: bool = False
 
     @abstractmethod
-    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
+    def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
         """Register the layer's parameters (shapes from ``layer``), uninitialised."""
 
     @abstractmethod
-    def checkpoint_tensors(self, layer: Linear) -> tuple[str, ...]:
+    def checkpoint_tensors(self, layer: nn.Module) -> tuple[str, ...]:
         """Tensor suffixes each shard must have in the checkpoint (``weight``, ``input_scale``, ...)."""
 
     @abstractmethod
-    def load_weights(self, layer: Linear, shards: ShardTensors, name: str) -> None:
+    def load_weights(self, layer: nn.Module, shards: ShardTensors, name: str) -> None:
         """Copy checkpoint tensors in; ``name`` is the layer's checkpoint prefix for error messages."""
 
-    def process_weights_after_loading(self, layer: Linear) -> None:  # noqa: B027 - optional hook, no-op default
+    def process_weights_after_loading(self, layer: nn.Module) -> None:  # noqa: B027 - optional hook, no-op default
         """One-time work after every tensor is final (never in ``apply``)."""
 
     @abstractmethod
-    def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``y = x W^T (+ b)`` the way this method computes it; ``x`` is ``[..., in_features]``."""
 
-    def quantize_input(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+    def quantize_input(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} does not quantize activations ahead of apply()")
 
-    def fp8_output_scale(self, layer: Linear) -> torch.Tensor | None:
+    def fp8_output_scale(self, layer: nn.Module) -> torch.Tensor | None:
         """The scale a producer should emit FP8 with for this layer's input, or None for 16-bit."""
         return None
 

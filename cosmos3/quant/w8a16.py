@@ -5,8 +5,8 @@ tower when the policy says ``reasoner: a16``. ``input_scale`` is unused. The deq
 per-call temporary, unless a ``DequantizedWeights`` holds it for the layer (``layer.dequantized``): the
 same bits, made once for many forwards. On CUDA the dequantization is one pass of our own kernel
 (``cosmos3.ops.dequantize_fp8``, nothing to compile at a worker's start); elsewhere its reference
-expression ``cosmos3.ops_cpu.dequantize_fp8``, the same bits (benchmarks/bench_w8a16.py measures the kernel
-against that expression run eagerly on CUDA).
+expression ``cosmos3.ops_cpu.dequantize_fp8``, the same bits (benchmarks/bench_ops.py bandwidth measures the
+kernel against that expression, eager and compiled, on CUDA).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class DequantizedWeights:
 
     Costs a 16-bit copy of those weights (Nano's GEN tower: 13.8 GB). Worth it where a forward is short: on the
     H200 a W8A16 GEN forward at a still's 1,024 tokens spent ~5.7 ms of its ~30 ms dequantizing, and a still runs
-    nine of them (cosmos3/cuda_graphs.py decides when to hold one).
+    nine of them (benchmarks/results/h200-render.md; cosmos3/cuda_graphs.py decides when to hold one).
     """
 
     def __init__(self, linears: Sequence, dtype: torch.dtype):

@@ -101,12 +101,12 @@ def test_bf16_variant_is_the_same_model_dequantized_and_loads_into_diffusers_str
 
 
 def test_the_benchmark_manifest_validates_against_its_checkpoint(roots, tmp_path):
-    """bench_render's manifest (the issue's workload, the second and third stills included, then a stream of stills)
+    """bench_render's manifest (the Nano workload, the second and third stills included, then a stream of stills)
     is one `farm validate` accepts."""
-    from benchmarks.bench_render import JOBS, PROMPT, issue_jobs, stream_jobs, write_manifest
+    from benchmarks.bench_render import JOBS, PROMPT, stream_jobs, workload_jobs, write_manifest
     from farm import manifest
 
-    path = write_manifest(tmp_path / "run", roots["fp8"], "fp8", issue_jobs(list(JOBS)) + stream_jobs(10, 4))
+    path = write_manifest(tmp_path / "run", roots["fp8"], "fp8", workload_jobs(list(JOBS)) + stream_jobs(10, 4))
     loaded = manifest.load(path)
     jobs = {job.key: job for job in loaded.jobs}
     assert set(jobs) == set(JOBS) | {f"still-{i:03d}" for i in range(10)}
@@ -115,7 +115,7 @@ def test_the_benchmark_manifest_validates_against_its_checkpoint(roots, tmp_path
     assert all((still.width, still.height, still.steps) == (1024, 1024, 50) for still in stills)
     assert [still.seed for still in stills] == [0, 2, 3]
 
-    # The stream: 4 prompts in passes of 4 (10 stills), a prompt's seed counting its passes; after the issue's jobs.
+    # The stream: 4 prompts in passes of 4 (10 stills), a prompt's seed counting its passes; after the workload's jobs.
     stream = [job.request for job in loaded.jobs if job.key.startswith("still-")]
     assert len({still.prompt for still in stream[:4]}) == 4 and len({still.prompt for still in stream}) == 4
     assert [still.seed for still in stream] == [1] * 4 + [2] * 4 + [3] * 2

@@ -2,7 +2,7 @@
 
 Error bounds (relative L2 against fp32 attention, on q/k after RMSNorm + RoPE):
   BF16 kernels        1%  (bf16 output rounding is ~0.2%)
-  FP8 (any)           5%  (the issue's per-layer budget; FP8 O rounding alone is ~2.5%)
+  FP8 (any)           5%  (the per-layer budget; FP8 O rounding alone is ~2.5%)
   (on the H200 at 44,672 keys: cuDNN FP8 2.0% with K and V smoothed, 31% without V smoothing; FlashInfer FA3 FP8 1.6%)
 
 GPU tests of a library kernel skip when its package is not installed.

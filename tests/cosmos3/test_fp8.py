@@ -95,7 +95,7 @@ def relative_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
 # ---------------------------------------------------------------- what ModelOpt writes
 
 
-def test_modelopt_writes_the_layout_the_issue_describes(exports):
+def test_modelopt_writes_the_published_static_fp8_layout(exports):
     quant = config_of(exports["cosmos"])["quantization_config"]
     fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
     assert quant["config_groups"] == {"group_0": {"weights": fp8, "input_activations": fp8, "targets": ["Linear"]}}

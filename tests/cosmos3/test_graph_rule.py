@@ -111,8 +111,8 @@ def test_a_prompt_alone_in_its_bucket_replays_the_graph_an_earlier_prompt_left(m
 
 def test_a_studio_batch_of_a_few_seeds_a_prompt_captures_no_prompts_graphs(monkeypatch):
     """Six prompts, three seeds each, back to back: past the first still (the bucket's graphs) only the negative
-    prompt, which every job runs, earns graphs of its own. Under session 22's rule (exact graphs for a length any of
-    the last 4 jobs ran) each prompt's second still captured two, each ~0.06 s, for ~0.007 s saved a still after."""
+    prompt, which every job runs, earns graphs of its own. Under a looser rule (exact graphs for a length any of the
+    last 4 jobs ran) each prompt's second still would capture two, each ~0.06 s, for ~0.007 s saved a still after."""
     lengths = [length for length in range(10, 40, 5) for _ in range(3)]
     farm = Farm(monkeypatch)
     assert [len(farm.job(n)) for n in lengths] == [4] + [0] * (RECURRING_JOBS - 1) + [2] + [0] * (

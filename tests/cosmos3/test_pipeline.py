@@ -4,7 +4,7 @@ Every task renders; same seed -> same frames; conditioned frames come back as th
 trip of the input; the CFG protocol (step precision first, then two passes with their own UND
 caches; guidance interval; a static-FP8 step policy) is observed on the real model; prompts and
 T2V frames match diffusers' published ``Cosmos3OmniPipeline``; bad requests fail with a message
-naming the field and the fix; a VAE built in the background (issue 15) is waited for by the first job only,
+naming the field and the fix; a VAE built in the background is waited for by the first job only,
 a ``vae/`` broken visibly fails ``from_pretrained`` in either load mode, and one only diffusers can see
 fails every job.
 """

@@ -1,4 +1,4 @@
-"""Issue 12: `farm validate` refuses exactly what a worker's cosmos3 would, in cosmos3's words, at the
+"""`farm validate` refuses exactly what a worker's cosmos3 would, in cosmos3's words, at the
 job's YAML line.
 
 For every variant, the expectation is computed independently of the manifest code: the job as the

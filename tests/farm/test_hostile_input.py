@@ -1,4 +1,4 @@
-"""Hostile and broken manifests (issue 14): each is refused with one located message, never a traceback, and
+"""Hostile and broken manifests: each is refused with one located message, never a traceback, and
 reading them stays within a memory bound; YAML merge keys work; a 100,000-seed sweep validates."""
 
 from __future__ import annotations

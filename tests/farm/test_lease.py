@@ -1,4 +1,4 @@
-"""The lease that makes one driver the writer of a manifest name in an output root (issue 14)."""
+"""The lease that makes one driver the writer of a manifest name in an output root."""
 
 from __future__ import annotations
 

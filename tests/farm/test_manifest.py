@@ -202,7 +202,7 @@ def test_forcing_another_precision_on_a_static_fp8_checkpoint_is_refused(tmp_pat
         manifest.load(path)
 
 
-# -- checkpoint damage the headers show (issue 14): refused at validate with the loader's own message -------
+# -- checkpoint damage the headers show: refused at validate with the loader's own message -------
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 

@@ -1,6 +1,6 @@
-"""Issue 12: a job the model refuses fails at once, with its whole message, and costs its worker nothing.
+"""A job the model refuses fails at once, with its whole message, and costs its worker nothing.
 
-The manifest cannot produce such jobs any more (`farm validate` runs the same cosmos3 rules), so the test
+A validated manifest cannot produce such jobs (`farm validate` runs the same cosmos3 rules), so the test
 builds a good manifest and then puts bad requests into four of its jobs, as a worker would meet them if
 the checkpoint changed under a validated manifest. The fake pipeline refuses them with cosmos3's own
 `resolve`, exactly as Cosmos3Pipeline does.

@@ -138,7 +138,7 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
             assert _mp4_shape(Path(job.media)) == (request.frames, request.height, request.width)
         _assert_cpu_figures(record, job, checkpoint_bytes(Path(m.model.checkpoint)))
         waits.append(record["timings"]["vae_wait"])
-        # The run summary carries the same figures for every job (issue 15).
+        # The run summary carries the same figures for every job.
         summary = json.loads(Path(report.summary_path).read_text())
         assert summary["jobs"][job.key]["figures"] == {k: record[k] for k in FIGURES}
     assert sorted(waits)[:-1] == [0.0] * (len(JOBS) - 1)  # only the worker's first job can have waited
@@ -160,7 +160,7 @@ def test_a_vae_without_weights_is_refused_before_the_run(checkpoints, tmp_path):
 
 
 def test_a_vae_only_diffusers_can_refuse_stalls_the_run_as_a_worker_that_cannot_start(cluster, checkpoints, tmp_path):
-    """Issue 15: a VAE only diffusers can refuse fails after ready(), and the run sees a failed start as before."""
+    """A VAE only diffusers can refuse fails after ready(), and the run sees it as a worker that cannot start."""
     root = tmp_path / "broken"
     shutil.copytree(checkpoints["bf16"], root)
     mismatch_weights(root, "renamed")

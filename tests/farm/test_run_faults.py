@@ -1,4 +1,4 @@
-"""Issue 14 through the driver: one writer per root and manifest name, a SIGKILLed driver's run, storage faults
+"""Through the driver: one writer per root and manifest name, a SIGKILLed driver's run, storage faults
 (a full disk, a deleted or read-only root) and encodes that do not read back."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(ad
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="farm.reaper reads /proc")
 def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_path):
-    """Ray's dashboard and runtime-env agents outlived the driver (issue 14); farm.reaper ends them."""
+    """Ray's dashboard and runtime-env agents outlive a SIGKILLed driver; farm.reaper ends them."""
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 300})
     root = tmp_path / "out"
     command = [sys.executable, "-m", "farm", "submit", str(path), "--pipeline", "worker.fake:factory", "--no-progress"]

@@ -165,8 +165,8 @@ def test_a_worker_failing_three_jobs_in_a_row_is_retired(tmp_path):
     assert [e["event"] for e in events(tmp_path / "out")].count("worker_retired") == 1
 
 
-# A worker's start fails in __init__, or after ready() in the first job it takes (its VAE's background build,
-# issue 15): the scheduler treats both alike, and a job that found the failure is not charged for it.
+# A worker's start fails in __init__, or after ready() in the first job it takes (its VAE's background
+# build): the scheduler treats both alike, and a job that found the failure is not charged for it.
 BAD_GPU_ZERO = [
     pytest.param(fakes.bad_gpu_zero, "RuntimeError: CUDA error: uncorrectable ECC error", id="in-init"),
     pytest.param(fakes.vae_fails_on_gpu_zero, "WorkerStartError: ", id="vae-after-ready"),
@@ -198,7 +198,7 @@ def test_when_no_worker_can_start_the_run_ends_once_the_init_failure_budget_is_s
     root = tmp_path / "out"
     kinds = [e["event"] for e in events(root)]
 
-    # The cause, not only its effect, is in the summary of every job it strands (issue 14).
+    # The cause, not only its effect, is in the summary of every job it strands.
     outcome = report.outcomes["a"]
     assert outcome.error.startswith("no worker left to run it (all retired or failed to start); last: worker ")
     assert re.search(f" could not start: {cause}$", outcome.error), outcome.error

@@ -1,4 +1,4 @@
-"""Output templates never lead out of output.root nor into its records, for any job (issue 14)."""
+"""Output templates never lead out of output.root nor into its records, for any job."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from tests.farm.helpers import write_manifest
 
 JOBS = [{"id": "a", "prompt": "x", "steps": 1}, {"id": "b", "prompt": "y", "steps": 2, "seeds": [3, 7]}]
 
-# (template, the message of its one error at `output -> path`); the first four wrote outside the root, into
-# .farm/ or crashed validate on the old code, which checked one sample job with steps=1
+# (template, the message of its one error at `output -> path`); the first four write outside the root, into
+# .farm/, or crash a validator that checks only one sample job with steps=1
 REFUSED = [
     ("{id:.>{steps}.0}/{id:.>{steps}.0}/escaped/{id}_s{seed}",
      "{id:.>{steps}.0}: format specs and conversions are not supported"),

@@ -1,6 +1,6 @@
 """Renders of the committed toy checkpoint show their prompts; its FP8 export stays close to its BF16 original.
 
-The checks of issue 8 on ``checkpoints/toy`` (written by ``scripts/train_toy.py``), every one read from
+What the toy must render, checked on ``checkpoints/toy`` (written by ``scripts/train_toy.py``), every one read from
 pixels by ``toy.measure``, which knows nothing of the model:
 
 * per prompt set, at least 80% of (prompt, seed) renders show the prompt's shape colour, background
@@ -49,7 +49,7 @@ ACCURACY = 0.8
 # Jobs for the FP8-vs-BF16 comparisons: two stills and two clips, two seeds each.
 COMPARED = [(scene, seed) for scene in PROMPT_SETS["stills"][:2] + PROMPT_SETS["clips"][:2] for seed in (0, 1)]
 PSNR_BOUND = 30.0  # dB
-ATTENTION_PSNR_BOUND = 35.0  # dB, median (issue 17); on the committed toy, these 8 jobs: median 47.3, min 33.7
+ATTENTION_PSNR_BOUND = 35.0  # dB, median; on the committed toy, these 8 jobs: median 47.3, min 33.7
 VAE_PSNR_BOUND = 45.0  # dB, every job; on the committed toy, these 8 jobs: min 54.9, median 55.5
 
 
@@ -149,8 +149,8 @@ def test_fp8_attention_renders_stay_close_to_bf16_attention_and_show_their_promp
 
 
 def test_a_bf16_vae_decodes_the_same_latents_within_the_bound_of_fp32(renders):
-    """The CUDA pipeline decodes in bf16 (issue 15: a Nano clip's decode 9.9 s and 26.9 GiB against 15.2 s and
-    39.4 GiB in fp32). Same latents, decoded by the toy's VAE in fp32 and again cast to bf16."""
+    """The CUDA pipeline decodes in bf16 (a Nano clip's decode 9.8 s and 26.9 GiB against 15.1 s and 39.3 GiB in
+    fp32: benchmarks/results/h200-render.md). Same latents, decoded by the toy's VAE in fp32 and again cast to bf16."""
     from cosmos3.media import to_uint8_frames
     from cosmos3.vae import WanVAE
 

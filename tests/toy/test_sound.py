@@ -1,4 +1,4 @@
-"""The toy checkpoint's clips sound their shape's colour (issue 18), read back from the demo's MP4s.
+"""The toy checkpoint's clips sound their shape's colour, read back from the demo's MP4s.
 
 Every clip job of ``manifests/demo.yaml`` renders with the FP8 checkpoint and is encoded the way a worker
 publishes it (``worker.encode.write_media``); its sound is then read back from the MP4's AAC track with

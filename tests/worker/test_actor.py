@@ -63,7 +63,7 @@ def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tm
 
 
 def test_the_loader_is_the_workers_guard_against_sharded_static_fp8(cluster, tmp_path):
-    """The worker passes `parallel` through Cosmos3Pipeline.from_pretrained; the loader refuses it (issue 12)."""
+    """The worker passes `parallel` through Cosmos3Pipeline.from_pretrained; the loader refuses it."""
     m = manifest.load(write_manifest(tmp_path, [{"id": "clip", "prompt": "a red circle"}],
                                      model={"checkpoint": str(TOY_FP8)}))
     sharded = dataclasses.replace(m.model, options=LoadOptions(parallel={"tp_size": 1, "cfg_size": 2}))
@@ -116,7 +116,7 @@ class _Gauge:
 
 
 def test_a_long_job_logs_its_progress_every_ten_seconds_and_at_its_end():
-    """Issue 15: a 3-minute clip shows per-step progress in the CLI (Ray streams worker logs) and the dashboard."""
+    """A 3-minute clip shows per-step progress in the CLI (Ray streams worker logs) and the dashboard."""
     times = iter([0.0, 5.0, 11.0, 16.0, 22.0, 23.0])  # the start, then after each of five steps
     gauge = _Gauge()
     progress = StepProgress(gauge, "t2v", clock=lambda: next(times))

@@ -1,4 +1,4 @@
-"""An encode that fails, or whose file does not read back as rendered, never publishes (issue 14).
+"""An encode that fails, or whose file does not read back as rendered, never publishes.
 
 Failures are injected: an ffmpeg that exits non-zero (as on a full disk: "Error writing trailer"), an encode
 whose file is truncated or short of frames, a scratch folder without space, a PNG writer that writes garbage.

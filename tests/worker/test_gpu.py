@@ -1,4 +1,4 @@
-"""A worker holds exactly the one GPU Ray gave it, and records the device's UUID (issue 19's bookkeeping)."""
+"""A worker holds exactly the one GPU Ray gave it, and records the device's UUID."""
 
 from __future__ import annotations
 
