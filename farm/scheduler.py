@@ -248,7 +248,7 @@ class Scheduler:
         if not attempt.publishing:
             self._publish(attempt)
             return
-        problem = storage.check_published(attempt.job.media, attempt.job.config_hash, (self.run_id, attempt.number))
+        problem = storage.check_published(attempt.job.files, attempt.job.config_hash, (self.run_id, attempt.number))
         if problem:
             self._attempt_failed(attempt, f"published output does not verify: {problem}", worker_lost=False)
         else:
