@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from farm import claims, cluster, lease, storage
-from farm.errors import FarmError
+from farm.errors import FarmError, StorageFault
 from farm.events import RunLog
 from farm.job import JobState
 from farm.manifest import Manifest
@@ -152,6 +152,8 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted
         log.emit("run_finished", **_counts(report))
+        if log.fault:
+            report.error = f"run stopped: {log.fault}"
     finally:
         log.close()
         cluster.disconnect(connection)
@@ -182,14 +184,23 @@ def _record(report: RunReport) -> None:
         report.error = f"output root {manifest.output_root} vanished during the run; no records were written"
         return
     path = storage.summary_path(manifest.output_root, manifest.name, report.run_id)
-    storage.write_json(path, {
-        "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
-        "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
-        "counts": report.counts, "skipped": report.skipped,
-        "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
-    })
-    report.summary_path = str(path)
-    _write_state(report, _result(report))
+    unwritten = []
+    try:
+        storage.write_json(path, {
+            "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
+            "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
+            "counts": report.counts, "skipped": report.skipped,
+            "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
+        })
+        report.summary_path = str(path)
+    except StorageFault as err:
+        unwritten.append(f"the run summary ({err})")
+    try:  # the state matters most (status, retry): tried even when the summary could not be written
+        _write_state(report, _result(report))
+    except StorageFault as err:
+        unwritten.append(f"the state ({err}); farm status may call this run's driver gone")
+    if unwritten:
+        report.error = "; ".join([*filter(None, [report.error]), *(f"not recorded: {u}" for u in unwritten)])
 
 
 def _write_state(report: RunReport, result: str) -> None:
