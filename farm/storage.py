@@ -167,6 +167,40 @@ def _json_text(data: Any) -> bytes:
     return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
 
 
+def name_max(folder: str | Path) -> int:
+    """The longest file name, in bytes, that the file system of `folder` (or of its nearest existing parent) takes."""
+    folder = Path(folder)
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255  # POSIX's NAME_MAX where the file system does not say
+
+
+def unwritable(root: Path, final: Path, limit: int) -> str | None:
+    """Why `final` (a file a job publishes, under `root`) could not be published, seen before anything renders;
+    None when nothing is in the way. Checked: each name against the file system's limit of `limit` bytes, the
+    longest the farm makes from it included (its sidecar's temp file); a folder, or anything but a file or a
+    link, where the file or its sidecar goes; a file where a folder must go."""
+    longest = temp_path(sidecar_path(final)).name
+    for part in (*final.relative_to(root).parts[:-1], longest):
+        if len(part.encode()) > limit:
+            shown = "the file name" if part == longest else f"the folder name {part[:40]}..."
+            return (f"{shown} is {len(part.encode())} bytes with the farm's temp and sidecar suffixes; the file "
+                    f"system allows {limit} (shorten the job id or output.path)")
+    for folder in final.relative_to(root).parents:
+        where = root / folder
+        if where.exists() and not where.is_dir():
+            return f"{where} is a file, where a folder of the output must go"
+    for path in (final, sidecar_path(final)):
+        if path.is_symlink() or not path.exists():
+            continue
+        if not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            return f"{path} is {kind}; the farm publishes a file there (move it away)"
+    return None
+
+
 def prepare_root(root: str | Path) -> None:
     """Makes the output root and its records folder at submit start (publishing never creates the root).
 

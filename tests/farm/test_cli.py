@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,32 +26,6 @@ REPO = Path(__file__).parents[2]
 def address():
     with local_cluster(num_gpus=2, num_cpus=4):
         yield ray.get_runtime_context().gcs_address
-
-
-def _default_sigint() -> None:
-    # A child inherits an ignored SIGINT (a background job of a non-interactive shell ignores it, and so would
-    # every `farm submit` it starts); the interrupted-run test relies on Ctrl-C's default, so it sets it.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@pytest.fixture
-def farm() -> Iterator[Callable[..., subprocess.Popen]]:
-    """Starts `farm` commands as children; whatever a test left running is killed when it ends, passed or not, so
-    a driver that missed its signal never keeps the module cluster's GPUs from the next test."""
-    started: list[subprocess.Popen] = []
-
-    def start(*args: str, pipeline: str = "worker.fake:factory") -> subprocess.Popen:
-        command = [sys.executable, "-m", "farm", *args, "--pipeline", pipeline, "--no-progress"]
-        child = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 preexec_fn=_default_sigint)
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        if child.poll() is None:
-            child.kill()
-        child.communicate(timeout=60)
 
 
 @contextlib.contextmanager
