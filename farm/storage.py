@@ -115,8 +115,6 @@ def _rename_own(temp: Path, final: Path, own: os.stat_result) -> None:
     if (now.st_dev, now.st_ino) != (own.st_dev, own.st_ino) or not stat.S_ISREG(now.st_mode):
         raise StorageFault(f"{temp} was replaced by another file while it was written; {final} is left as it was "
                            "(is someone else writing into this folder?)")
-    if final.is_dir() and not final.is_symlink():
-        raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), str(final))
     os.replace(temp, final)
 
 
