@@ -95,14 +95,13 @@ def _refuse_taken(manifest, files: dict[str, str]) -> None:
 
 
 def _others(manifest) -> Iterator[tuple[str, dict]]:
-    """(name, claims) of every other manifest of the root; a same-named one at another path is another too."""
+    """(name, claims) of every other manifest of the root. The records of this name are this manifest's (a
+    manifest that moved keeps its files; another one of the same name is refused at submit, `driver`)."""
     for path in sorted((Path(manifest.output_root) / storage.RECORDS_DIR).glob(f"*/{CLAIMS_FILE}")):
+        if path.parent.name == manifest.name:
+            continue
         record, problem = storage.read_record(path)
         if problem:
             log.warning("claims_unreadable", problem=problem)
-        if record is None:
-            continue
-        owner = record.get("manifest") if isinstance(record.get("manifest"), dict) else {}
-        if path.parent.name == manifest.name and owner.get("path") in (None, manifest.path):
-            continue
-        yield path.parent.name, record
+        if record is not None:
+            yield path.parent.name, record

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -238,3 +239,30 @@ def test_a_read_only_root_is_refused_at_validate_and_at_submit_without_a_traceba
     assert "validate=1" in done.stdout and "submit=1" in done.stdout, done.stdout + done.stderr
     assert done.stderr.count(f"{root} is on a read-only file system; mount it read-write") == 2, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_disk_that_fills_mid_run_ends_it_with_its_state_written_and_no_torn_event(address, tmp_path, monkeypatch):
+    """Issue 49, defect 17: once an event cannot be appended, the run stops, and says why."""
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 20})
+    root = tmp_path / "out"
+    real = os.write
+    full = threading.Event()
+
+    def write(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("events.jsonl"):
+            if full.is_set():
+                real(fd, data[:len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if b'"job_done"' in data:
+                full.set()  # the disk fills once the first job is logged done
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(address=address, factory=fake.factory,
+                                                                     progress=False, workers=1))
+    monkeypatch.undo()
+    assert report.error.startswith("run stopped: ENOSPC (No space left on device) appending to ")
+    assert state(root)["result"] == "failed" and report.summary_path
+    logged = [json.loads(line)["event"] for line in (root / ".farm/test/events.jsonl").read_text().splitlines()]
+    assert logged.count("job_done") == 1 and logged[-1] == "job_done"  # whole lines only, none after the fault
+    assert report.counts["pending"] >= 1
