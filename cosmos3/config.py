@@ -307,6 +307,9 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
 
 VAE_DIR = "vae"
 VAE_CLASS = "AutoencoderKLWan"
+# What a checkpoint's root holds for Cosmos3Pipeline.from_pretrained, which requires each of them; a sound
+# tokenizer (SOUND_TOKENIZER_DIR) is read when there is one.
+CHECKPOINT_COMPONENTS = ("model_index.json", "transformer", VAE_DIR, "text_tokenizer", "scheduler")
 
 
 @dataclass(frozen=True)

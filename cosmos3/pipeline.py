@@ -32,7 +32,7 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.checkpoint_header import check_sound_dir, transformer_dir
-from cosmos3.config import SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
+from cosmos3.config import CHECKPOINT_COMPONENTS, SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.errors import CheckpointError
 from cosmos3.load_options import Precision
@@ -52,7 +52,6 @@ from cosmos3.vae import VAEBuild, WanVAE
 
 __all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
 
-COMPONENTS = ("model_index.json", "transformer", VAE_DIR, "text_tokenizer", "scheduler")
 VAELoad = Literal["eager", "background"]  # from_pretrained's vae_load
 VAE_LOADS = get_args(VAELoad)
 
@@ -95,11 +94,11 @@ class Conditioning:
 
 
 def _check_layout(root: Path) -> None:
-    missing = [name for name in COMPONENTS if not (root / name).exists()]
+    missing = [name for name in CHECKPOINT_COMPONENTS if not (root / name).exists()]
     if missing:
         raise CheckpointError(
             f"{root}: not a Cosmos3 checkpoint in the published layout; missing {', '.join(missing)} "
-            f"(expected {', '.join(COMPONENTS)})"
+            f"(expected {', '.join(CHECKPOINT_COMPONENTS)})"
         )
 
 

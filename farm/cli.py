@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from farm import driver, lease, storage
+from farm import claims, driver, lease, storage
 from farm import manifest as manifests
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
@@ -64,10 +64,13 @@ def _error_data(err: FarmError) -> dict[str, Any]:
 
 
 def _load(path: str) -> manifests.Manifest:
+    """The manifest, validated, and refused when its files belong to another manifest of its root."""
     try:
-        return manifests.load(path)
+        m = manifests.load(path)
     except OSError as err:
         raise StateError(f"cannot read manifest {path}: {err.strerror or err}") from err
+    claims.check(m)
+    return m
 
 
 # -- validate / plan ---------------------------------------------------------------------------------
@@ -124,7 +127,9 @@ def do_retry(args: argparse.Namespace) -> Result:
     state = storage.read_states(m.output_root).get(m.name)
     if state is None:
         raise StateError(f"no runs of {m.name} recorded under {m.output_root}; use farm submit")
-    failed = frozenset(key for key, entry in state.get("jobs", {}).items() if entry.get("state") == "failed")
+    if "unreadable" in state:
+        raise StateError(f"cannot tell which jobs failed: {state['unreadable']}; farm submit renders what is missing")
+    failed = frozenset(key for key, entry in state["jobs"].items() if entry.get("state") == "failed")
     if not failed:
         return Result(True, f"{m.name}: no failed jobs to retry", {"retried": []})
     return _run(m, args, only=failed)
@@ -179,16 +184,17 @@ def _status_row(root: str, name: str, state: dict) -> dict[str, Any]:
     if "unreadable" in state:
         return {"manifest": name, "done": "-", "failed": "-", "pending": "-", "last_run": state["unreadable"]}
     counts = {"done": 0, "failed": 0, "pending": 0}
-    for entry in state.get("jobs", {}).values():
+    for entry in state["jobs"].values():
         # Trust storage, not the record: a deleted or replaced output is pending again.
-        if storage.check_published(entry["media"], entry["config_hash"]) is None:
+        if storage.check_published(storage.state_files(entry), entry["config_hash"]) is None:
             counts["done"] += 1
         else:
             counts["failed" if entry.get("state") == "failed" else "pending"] += 1
     result = state.get("result")
     if result == "running" and lease.holder(storage.records_dir(root, name) / lease.LEASE_FILE) is None:
         result = "interrupted: its driver is gone"  # killed without a chance to say so (SIGKILL, a lost node)
-    return {"manifest": name, **counts, "last_run": f"{state.get('run')} ({result})"}
+    row = {"manifest": name, **counts, "last_run": f"{state.get('run')} ({result})"}
+    return {**row, "damaged": state["damaged"]} if "damaged" in state else row
 
 
 # -- arguments ---------------------------------------------------------------------------------------

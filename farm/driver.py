@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
-from farm import cluster, lease, storage
-from farm.errors import FarmError
+from farm import claims, cluster, lease, storage
+from farm.errors import FarmError, StorageFault
 from farm.events import RunLog
 from farm.job import JobState
 from farm.manifest import Manifest
@@ -70,13 +70,16 @@ def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
     # Raises: StorageFault (the root cannot be written), LeaseHeld (another driver renders this manifest),
-    # FarmError (another manifest uses this name in this root), ClusterError (no cluster, no GPUs of the type).
+    # FarmError (another manifest uses this name in this root), ClaimConflict (another manifest of the root writes
+    # one of its files), ClusterError (no cluster, no GPUs of the type).
     """
     started = time.monotonic()
     report = RunReport(new_run_id(), manifest, {}, [])
     storage.prepare_root(manifest.output_root)
     held = _take_lease(manifest, report, options.wait)
     try:
+        _check_same_manifest(manifest)
+        claims.claim(manifest)
         jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
         report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
         skipped = set(report.skipped)
@@ -102,13 +105,6 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
     owner = lease.Owner.this_process(report.run_id, manifest.path)
     log = structlog.get_logger("farm")
     held = lease.acquire(path, owner, wait=wait, on_wait=lambda holder: log.info("waiting", holder=holder.describe()))
-    recorded = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("manifest", {})
-    if recorded.get("path") not in (None, manifest.path):
-        held.release()
-        raise FarmError(f"{manifest.output_root} already holds the renders of another manifest named "
-                        f"{manifest.name!r} ({recorded['path']}); two manifests with one name would overwrite each "
-                        f"other's renders: change name: (or, if the manifest moved, remove "
-                        f"{storage.records_dir(manifest.output_root, manifest.name)}/state.json)")
 
     def lost(reason: str) -> None:
         report.error = f"run stopped: {reason}"
@@ -116,6 +112,19 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
 
     held.keep(lost)
     return held
+
+
+def _check_same_manifest(manifest: Manifest) -> None:
+    """# Raises: FarmError when the root's records of this name are another manifest's."""
+    state = storage.read_states(manifest.output_root).get(manifest.name) or {}
+    if "unreadable" in state:
+        structlog.get_logger("farm").warning("state_unreadable", problem=state["unreadable"])
+    recorded = state.get("manifest")
+    if isinstance(recorded, dict) and recorded.get("path") not in (None, manifest.path):
+        raise FarmError(f"{manifest.output_root} already holds the renders of another manifest named "
+                        f"{manifest.name!r} ({recorded['path']}); two manifests with one name would overwrite each "
+                        f"other's renders: change name: (or, if the manifest moved, remove "
+                        f"{storage.records_dir(manifest.output_root, manifest.name)}/state.json)")
 
 
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport) -> None:
@@ -143,6 +152,8 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted
         log.emit("run_finished", **_counts(report))
+        if log.fault:
+            report.error = f"run stopped: {log.fault}"
     finally:
         log.close()
         cluster.disconnect(connection)
@@ -173,14 +184,23 @@ def _record(report: RunReport) -> None:
         report.error = f"output root {manifest.output_root} vanished during the run; no records were written"
         return
     path = storage.summary_path(manifest.output_root, manifest.name, report.run_id)
-    storage.write_json(path, {
-        "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
-        "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
-        "counts": report.counts, "skipped": report.skipped,
-        "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
-    })
-    report.summary_path = str(path)
-    _write_state(report, _result(report))
+    unwritten = []
+    try:
+        storage.write_json(path, {
+            "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
+            "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
+            "counts": report.counts, "skipped": report.skipped,
+            "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
+        })
+        report.summary_path = str(path)
+    except StorageFault as err:
+        unwritten.append(f"the run summary ({err})")
+    try:  # the state matters most (status, retry): tried even when the summary could not be written
+        _write_state(report, _result(report))
+    except StorageFault as err:
+        unwritten.append(f"the state ({err}); farm status may call this run's driver gone")
+    if unwritten:
+        report.error = "; ".join([*filter(None, [report.error]), *(f"not recorded: {u}" for u in unwritten)])
 
 
 def _write_state(report: RunReport, result: str) -> None:
@@ -190,8 +210,8 @@ def _write_state(report: RunReport, result: str) -> None:
     previous = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("jobs", {})
     jobs = {}
     for job in manifest.jobs:
-        entry = {"media": job.media, "config_hash": job.config_hash, "state": JobState.PENDING, "attempts": 0,
-                 "error": None}
+        entry = {"media": job.media, "files": list(job.files), "config_hash": job.config_hash,
+                 "state": JobState.PENDING, "attempts": 0, "error": None}
         old = previous.get(job.key, {})
         if old.get("config_hash") == job.config_hash:
             entry.update({k: old[k] for k in ("state", "attempts", "error") if k in old})

@@ -6,7 +6,10 @@ a line, appended by the driver only, so it outlives the cluster and the dashboar
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,22 +56,42 @@ class RunLog:
     def __init__(self, path: Path, run_id: str, total: int, *, progress: bool = True):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.run_id = run_id
-        self._file = open(path, "a", buffering=1)  # line-buffered: each event reaches storage when emitted
+        self.path = path
+        # Each event reaches storage when emitted, as one whole line (`_append`).
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         self._log = structlog.get_logger("farm").bind(run=run_id)
         # disable=None turns the bar off when stderr is not a terminal (CI logs, `ray job submit`).
         self._bar = tqdm(total=total, unit="job", disable=None if progress else True, file=sys.stderr,
                          dynamic_ncols=True)
         self._failed = 0
+        self.fault: str | None = None  # why events could not be appended (a full disk), once one could not
 
     def emit(self, event: str, **fields: Any) -> None:
         record = {"ts": time.time(), "run": self.run_id, "event": event, **fields}
-        self._file.write(json.dumps(record, default=str) + "\n")
+        self._append((json.dumps(record, default=str) + "\n").encode())
         (self._log.warning if event in _WARNINGS else self._log.info)(event, **fields)
         if event in _FINAL:
             self._failed += event == "job_failed"
             self._bar.update(1)
             self._bar.set_postfix(failed=self._failed, refresh=False)
 
+    def _append(self, line: bytes) -> None:
+        """Appends `line` whole or not at all: a write cut short (a full disk) is cut back off, so the log never
+        holds half an event glued to the next run's first. The first failure is kept in `fault`; the scheduler
+        then ends the run, since what it does could no longer be recorded."""
+        size = os.fstat(self._fd).st_size  # the driver is the log's only writer
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"only {written} of {len(line)} bytes written")
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)
+            if self.fault is None:
+                code = errno.errorcode.get(err.errno, err.errno)
+                self.fault = f"{code} ({err.strerror}) appending to {self.path}: events are no longer recorded"
+                self._log.error("event_log_failed", error=self.fault)
+
     def close(self) -> None:
         self._bar.close()
-        self._file.close()
+        os.close(self._fd)

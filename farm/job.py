@@ -38,7 +38,7 @@ class ModelSpec:
     checkpoint: str  # absolute path of the checkpoint root
     options: LoadOptions  # cosmos3's load options: Cosmos3Pipeline.from_pretrained(checkpoint, **asdict(options))
     static_fp8: bool
-    fingerprint: str  # fingerprint(): configs, indexes, shard sizes
+    fingerprint: str  # farm.fingerprint.checkpoint(): the content of every file the loader reads
 
 
 @dataclass(frozen=True)
@@ -77,19 +77,3 @@ def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[
     identity = {"format": CONFIG_FORMAT, "request": fields, "checkpoint": model.fingerprint,
                 "load": vars(model.options), "outputs": list(outputs)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-
-
-def fingerprint(checkpoint: Path) -> str:
-    """A cheap identity for "the same checkpoint": every JSON file's bytes plus each weight file's name and size.
-
-    Hashing the weights themselves would read gigabytes per plan; configs, indexes and shard sizes change
-    whenever a checkpoint is re-exported or re-quantized. Paths are relative, so a moved copy keeps its identity.
-    """
-    digest = hashlib.sha256()
-    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
-        rel = path.relative_to(checkpoint).as_posix()
-        if path.suffix == ".json":
-            digest.update(f"{rel}\0".encode() + path.read_bytes() + b"\0")
-        elif path.suffix == ".safetensors":
-            digest.update(f"{rel}\0{path.stat().st_size}\0".encode())
-    return digest.hexdigest()

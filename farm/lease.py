@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from farm import storage
 from farm.errors import FarmError
 
 REFRESH = 5.0  # seconds between touches of a held lease
@@ -153,8 +154,9 @@ def acquire(path: Path, owner: Owner, *, wait: bool = False, on_wait: Callable[[
 def _create(path: Path, owner: Owner) -> bool:
     """Puts a complete lease at `path` unless one is there (then False)."""
     text = json.dumps(asdict(owner), indent=2) + "\n"
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    temp.write_text(text)
+    temp, handle = storage.create_temp(path)
+    with handle:
+        handle.write(text.encode())
     try:
         os.link(temp, path)
         return True
@@ -170,7 +172,7 @@ def _create(path: Path, owner: Owner) -> bool:
 
 def _create_exclusive(path: Path, text: str) -> bool:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as handle:

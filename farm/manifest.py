@@ -31,11 +31,11 @@ from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.errors import Problem as FieldProblem
 from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest, RequestRules
-from farm import document, fields, storage
+from farm import document, fields, fingerprint, storage
 from farm import template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
-from farm.job import Job, ModelSpec, config_hash, fingerprint, wav_beside
+from farm.job import Job, ModelSpec, config_hash, wav_beside
 from farm.storage import RECORDS_DIR
 
 VERSION = 1
@@ -103,6 +103,7 @@ class _Resolver:
         self.job_ids: dict[int, str] = {}
         self._input_hashes: dict[str, str] = {}
         self._fine_folders: set[str] = set()  # output folders inside the root, out of its records
+        self._root_name_max: int | None = None  # the longest file name the root's file system takes
 
     def error(self, path: Path_, message: str) -> None:
         self.problems.append(Problem(self.doc.line(path), format_path(path, self.job_ids), message))
@@ -138,10 +139,25 @@ class _Resolver:
         root, template = self._output(self._section(top, "output"))
         defaults = self._defaults(self._section(top, "defaults"))
         raw_jobs = self._job_list(top)
+        if root is not None and model is not None and model.spec is not None:
+            root = self._outside_checkpoint(root, Path(model.spec.checkpoint))
+        if root is not None and name is not None and len(name.encode()) > self._name_max(root):
+            self.error(("name",), f"{len(name.encode())} bytes; the farm keeps its records in {RECORDS_DIR}/<name>/ "
+                                  f"and the file system of {root} takes names of at most {self._name_max(root)}")
+            name = None
         jobs = self._jobs(raw_jobs, defaults, model, name, root, template)
         if None in (name, model, root) or model.spec is None or self.problems:
             return None
         return Manifest(str(self.path), name, self.sha256, model.spec, str(root), tuple(jobs))
+
+    def _outside_checkpoint(self, root: Path, checkpoint: Path) -> Path | None:
+        """Renders and records stay out of the model's folder: nothing the farm writes may become part of what
+        a worker loads, nor land in a folder that is replaced when the checkpoint is updated."""
+        if root.is_relative_to(checkpoint):
+            self.error(("output", "root"), f"{root} is inside the checkpoint {checkpoint}; renders and the farm's "
+                                           "records belong outside the model's folder: pick another output.root")
+            return None
+        return root
 
     def _section(self, top: dict, key: str) -> dict | None:
         """The mapping under `key`; None when it is missing (already reported if required) or not a mapping."""
@@ -166,7 +182,7 @@ class _Resolver:
         for problem in found:
             self.field_error(("model", *problem[0].split(".")), problem)
         self._one_gpu_per_worker(options, found)
-        spec = ModelSpec(str(root), options, uses_static_fp8(config), fingerprint(root))
+        spec = ModelSpec(str(root), options, uses_static_fp8(config), fingerprint.checkpoint(root))
         return _Model(None if found else spec, rules)
 
     def _checkpoint(self, raw: dict) -> tuple[Path, Cosmos3Config, RequestRules] | None:
@@ -292,6 +308,10 @@ class _Resolver:
                 self._fine_folders.add(folder)
             except OutputPathError as err:
                 self.error(where, f"output path: {err}")
+        for path in job.files:
+            if problem := storage.unwritable(root, Path(path), self._name_max(root)):
+                self.error(where, f"output path: {problem}")
+                break
         if job.media in owners:
             relative = Path(job.media).relative_to(root)
             fix = "put {id} and {seed} in output.path"
@@ -437,6 +457,11 @@ class _Resolver:
         except fields.Invalid as err:
             self.error(where, str(err))
             return None
+
+    def _name_max(self, root: Path) -> int:
+        if self._root_name_max is None:
+            self._root_name_max = storage.name_max(root)
+        return self._root_name_max
 
     def _input_hash(self, path: str) -> str:
         if path not in self._input_hashes:

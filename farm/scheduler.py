@@ -143,7 +143,7 @@ class Scheduler:
         try:
             for slot in self.slots:
                 self._start(slot)
-            while self.pending or self.inflight:
+            while (self.pending or self.inflight) and self.log.fault is None:  # a full disk ends the run
                 self._grow()
                 self._dispatch()
                 if not self.inflight and not self.starting:
@@ -248,7 +248,7 @@ class Scheduler:
         if not attempt.publishing:
             self._publish(attempt)
             return
-        problem = storage.check_published(attempt.job.media, attempt.job.config_hash, (self.run_id, attempt.number))
+        problem = storage.check_published(attempt.job.files, attempt.job.config_hash, (self.run_id, attempt.number))
         if problem:
             self._attempt_failed(attempt, f"published output does not verify: {problem}", worker_lost=False)
         else:
@@ -413,10 +413,21 @@ class Scheduler:
         self.log.emit("worker_retired", slot=slot.index, node=slot.identity.get("node"), reason=reason)
 
     def _stop_workers(self) -> None:
-        """Kills every actor (they are the driver's; a shared cluster gets its GPUs back at once)."""
+        """Kills every actor (they are the driver's; a shared cluster gets its GPUs back at once). A publish that
+        finished meanwhile (after Ctrl-C, before the kill) is on disk and verifies: it is logged done like any
+        other, so the event log tells of every file the farm published; other attempts' half-written files go."""
         self._kill([s for s in self.slots if s.actor is not None], list(self.inflight))
         for attempt in self.inflight.values():
-            storage.discard_temps(attempt.job)
+            job = attempt.job
+            if attempt.publishing and storage.check_published(job.files, job.config_hash,
+                                                              (self.run_id, attempt.number)) is None:
+                seconds = time.monotonic() - attempt.started
+                self.outcomes[job.key] = Outcome(JobState.DONE, attempt.number, None, seconds, attempt.slot.identity)
+                self.metrics.job_done(seconds, [])
+                self.log.emit("job_done", key=job.key, attempt=attempt.number, slot=attempt.slot.index,
+                              seconds=round(seconds, 3), after_stop=True)
+            else:
+                storage.discard_temps(job)
         self.inflight.clear()
         self.starting.clear()
 

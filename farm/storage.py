@@ -3,9 +3,13 @@
 A render is *published* file by file, each a temp file in the target folder, fsync, `os.replace`:
 first the media (and the WAV of a clip's sound, when asked), then its JSON sidecar. The sidecar is the
 commit marker: a job is done only when its sidecar exists, records the job's current config hash, and
-the sha256 of every file it lists matches. A crash at
-any point leaves either nothing, a temp file (swept by the driver), or media without a sidecar
-(not done, rendered again). Temp names carry the attempt so two attempts never share one.
+every file the job must have is a regular file whose sha256 matches. A crash at any point leaves either
+nothing, a temp file (swept by the driver), or media without a sidecar (not done, rendered again).
+
+The output folder may be shared with others who can write it, so a temp file is created exclusively under a
+random name (`O_CREAT | O_EXCL | O_NOFOLLOW`), written and hashed through its own descriptor, and renamed only
+while it is still that file: a link planted in the folder is never written through nor published, and a
+link at a final name is never counted done.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ import errno
 import hashlib
 import json
 import os
+import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from farm import template
 from farm.errors import StorageFault
-from farm.job import Job, wav_beside
+from farm.job import Job
 
 SIDECAR_FORMAT = 1
 RECORDS_DIR = ".farm"  # the farm's own records inside output.root; manifest templates may not write there
@@ -34,39 +40,114 @@ def sidecar_path(media: str | Path) -> Path:
     return Path(f"{media}.json")
 
 
-def _temp_path(final: Path, attempt: int) -> Path:
-    # Hidden, named after its target and attempt, so `discard_temps` finds exactly a job's leftovers.
-    return final.parent / f".{final.name}.a{attempt}.{os.getpid()}.tmp"
+_TEMP_TOKEN = 16  # hex digits of a temp name's random part
+_HEX = frozenset("0123456789abcdef")
+# Opening a temp: a new file or nothing (O_EXCL), never through a link (O_NOFOLLOW), not inherited by ffmpeg.
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def publish(final: Path, attempt: int, write: Callable[[Path], None],
-            root: str | Path | None = None) -> tuple[str, int]:
-    """Has `write(temp)` fill a temp file beside `final`, makes it durable and renames it into place.
+def temp_path(final: Path) -> Path:
+    """`.{name}.{16 random hex digits}.tmp` beside `final`: hidden, unpredictable (nobody can plant a link at it
+    beforehand), and recognised by `is_temp_of` by its exact shape, never by a pattern built from a file name."""
+    return final.parent / f".{final.name}.{secrets.token_hex(_TEMP_TOKEN // 2)}.tmp"
+
+
+def is_temp_of(name: str, final: Path) -> bool:
+    """Whether the file `name` is a temp of `final`: the literal name, then exactly one random token."""
+    prefix, suffix = f".{final.name}.", ".tmp"
+    if not (name.startswith(prefix) and name.endswith(suffix)):
+        return False
+    token = name[len(prefix):-len(suffix)]
+    return len(token) == _TEMP_TOKEN and set(token) <= _HEX
+
+
+def create_temp(final: Path) -> tuple[Path, IO[bytes]]:
+    """A new, empty temp file beside `final`, created exclusively and opened for reading and writing.
+
+    # Raises: OSError (EEXIST if the name was taken, which only a guess of 64 random bits can do).
+    """
+    temp = temp_path(final)
+    return temp, open(temp, "w+b", opener=lambda path, _: os.open(path, _CREATE, 0o644))
+
+
+def publish(final: Path, write: Callable[[IO[bytes]], None], root: str | Path | None = None) -> tuple[str, int]:
+    """Has `write(out)` fill a temp file beside `final` through `out` (its binary handle; `out.name` is its path),
+    makes it durable and renames it into place.
 
     With `root` (the output root), `final` is checked again to be inside it (`template.check_target`), and the root must
     still exist: publishing never creates it, so a root deleted mid-run fails loudly instead of coming back.
     Returns the sha256 and size of what was published. Nothing is left behind if `write` fails.
 
-    # Raises: StorageFault (an OSError of the storage: ENOSPC, EROFS, EACCES, the root gone), OutputPathError.
+    # Raises: StorageFault (an OSError of the storage: ENOSPC, EROFS, EACCES, EISDIR, the root gone), OutputPathError.
     """
     if root is not None:
         if not Path(root).is_dir():
             raise StorageFault(f"output root {root} is gone (deleted or unmounted during the run?)")
         template.check_target(root, final, RECORDS_DIR)
-    temp = _temp_path(final, attempt)
+    temp = None
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        write(temp)
-        digest, size = _fsync_and_hash(temp)
-        os.replace(temp, final)
+        temp, out = create_temp(final)
+        with out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+            published = _hash(out)
+            _rename_own(temp, final, os.fstat(out.fileno()))
         _fsync_dir(final.parent)
     except BaseException as err:
-        with contextlib.suppress(OSError):
-            temp.unlink(missing_ok=True)
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                temp.unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno:
             raise StorageFault(f"{_errno(err)} writing {final}") from err
         raise
-    return digest, size
+    return published
+
+
+def _rename_own(temp: Path, final: Path, own: os.stat_result) -> None:
+    """Renames `temp` to `final` only while `temp` is still the file this process created (rename moves a link
+    itself, never its target, and replaces a link at `final` rather than writing through it).
+
+    # Raises: StorageFault (`temp` was swapped for another file), OSError (EISDIR: a folder stands at `final`).
+    """
+    now = os.lstat(temp)
+    if (now.st_dev, now.st_ino) != (own.st_dev, own.st_ino) or not stat.S_ISREG(now.st_mode):
+        raise StorageFault(f"{temp} was replaced by another file while it was written; {final} is left as it was "
+                           "(is someone else writing into this folder?)")
+    os.replace(temp, final)
+
+
+class Publication:
+    """One job's files published in order, its sidecar last (`with Publication(root) as p: p.file(...)`). If any
+    step fails, the files it already published are removed again, so a media file never stands without the
+    sidecar that vouches for it (a folder where the sidecar goes, a full disk between the two)."""
+
+    def __init__(self, root: str | Path):
+        self._root = root
+        self._published: list[tuple[Path, int, int]] = []  # (path, st_dev, st_ino) of what this publication renamed
+
+    def __enter__(self) -> Publication:
+        return self
+
+    def file(self, final: Path, write: Callable[[IO[bytes]], None]) -> tuple[str, int]:
+        published = publish(final, write, self._root)
+        with contextlib.suppress(OSError):
+            now = os.lstat(final)
+            self._published.append((final, now.st_dev, now.st_ino))
+        return published
+
+    def json(self, final: Path, data: Any) -> tuple[str, int]:
+        return self.file(final, lambda out: out.write(_json_text(data)))
+
+    def __exit__(self, kind, error, trace) -> None:
+        if error is None:
+            return
+        for final, dev, ino in reversed(self._published):  # only while it is still the file published here
+            with contextlib.suppress(OSError):
+                now = os.lstat(final)
+                if (now.st_dev, now.st_ino) == (dev, ino):
+                    final.unlink()
 
 
 def _errno(err: OSError) -> str:
@@ -74,10 +155,48 @@ def _errno(err: OSError) -> str:
     return f"{errno.errorcode.get(err.errno, err.errno)} ({os.strerror(err.errno)})"
 
 
-def write_json(final: Path, data: Any, attempt: int = 0, root: str | Path | None = None) -> None:
-    """Publishes a JSON file atomically (sidecars, farm state, run summaries)."""
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    publish(final, attempt, lambda temp: temp.write_text(text), root)
+def write_json(final: Path, data: Any, root: str | Path | None = None) -> tuple[str, int]:
+    """Publishes a JSON file atomically (farm state, run summaries)."""
+    text = _json_text(data)
+    return publish(final, lambda out: out.write(text), root)
+
+
+def _json_text(data: Any) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+
+
+def name_max(folder: str | Path) -> int:
+    """The longest file name, in bytes, that the file system of `folder` (or of its nearest existing parent) takes."""
+    folder = Path(folder)
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        return os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255  # POSIX's NAME_MAX where the file system does not say
+
+
+def unwritable(root: Path, final: Path, limit: int) -> str | None:
+    """Why `final` (a file a job publishes, under `root`) could not be published, seen before anything renders;
+    None when nothing is in the way. Checked: each name against the file system's limit of `limit` bytes, the
+    longest the farm makes from it included (its sidecar's temp file); a folder, or anything but a file or a
+    link, where the file or its sidecar goes; a file where a folder must go."""
+    longest = temp_path(sidecar_path(final)).name
+    for part in (*final.relative_to(root).parts[:-1], longest):
+        if len(part.encode()) > limit:
+            shown = "the file name" if part == longest else f"the folder name {part[:40]}..."
+            return (f"{shown} is {len(part.encode())} bytes with the farm's temp and sidecar suffixes; the file "
+                    f"system allows {limit} (shorten the job id or output.path)")
+    for folder in final.relative_to(root).parents:
+        where = root / folder
+        if where.exists() and not where.is_dir():
+            return f"{where} is a file, where a folder of the output must go"
+    for path in (final, sidecar_path(final)):
+        if path.is_symlink() or not path.exists():
+            continue
+        if not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file"
+            return f"{path} is {kind}; the farm publishes a file there (move it away)"
+    return None
 
 
 def prepare_root(root: str | Path) -> None:
@@ -111,13 +230,13 @@ def check_root(root: str | Path) -> None:
                            f"fix its permissions or pick another output.root{missing}")
 
 
-def _fsync_and_hash(path: Path) -> tuple[str, int]:
+def _hash(handle: IO[bytes]) -> tuple[str, int]:
+    """The sha256 and size of what `handle` holds, read from its start."""
+    handle.seek(0)
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb+") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-        os.fsync(handle.fileno())
+    while chunk := handle.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
     return digest.hexdigest(), size
 
 
@@ -130,12 +249,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+def sha256_file(path: Path) -> tuple[str, int]:
+    """The sha256 and size of the regular file at `path`, never read through a link.
+
+    # Raises: OSError (ELOOP: `path` is a link; EISDIR / ENXIO or the check below: not a regular file).
+    """
+    with open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)) as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        return _hash(handle)
 
 
 def _file_record(path: str, published: tuple[str, int]) -> dict:
@@ -167,50 +289,70 @@ def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], wav
 
 
 def read_sidecar(media: str | Path) -> dict | None:
+    """The sidecar of `media` as a mapping; None when it is missing, a link, not JSON or not a mapping."""
+    path = sidecar_path(media)
     try:
-        data = json.loads(sidecar_path(media).read_text())
+        with open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)) as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            data = json.loads(handle.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
-def check_published(media: str | Path, config_hash: str, attempt: tuple[str, int] | None = None) -> str | None:
-    """None when the render of `config_hash` is published at `media`; else why not.
+# The sidecar's entry for each file a job publishes, in `Job.files` order: the media, then the WAV.
+_FILE_ENTRIES = ("media", "wav")
+
+
+def check_published(files: tuple[str, ...] | list[str], config_hash: str, attempt: tuple[str, int] | None = None
+                    ) -> str | None:
+    """None when the render of `config_hash` is published as `files` (a job's `files`: what the manifest says it
+    must have, the media first); else why not. Each must be a regular file (not a link) whose sha256 and size are
+    the ones its sidecar records: the sidecar's own list of files is never what decides.
 
     `attempt` (run id, attempt number) also requires that attempt to be the publisher: a result is only
     accepted from the attempt the driver is waiting for, never from a stale one.
     """
-    sidecar = read_sidecar(media)
+    sidecar = read_sidecar(files[0])
     if sidecar is None:
         return "no sidecar"
     if sidecar.get("config_hash") != config_hash:
         return "sidecar records another config"
     if attempt is not None and (sidecar.get("run"), sidecar.get("attempt")) != attempt:
         return f"sidecar is from run {sidecar.get('run')} attempt {sidecar.get('attempt')}, not {attempt}"
-    files = {"media": Path(media)}
-    if "wav" in sidecar:
-        files["wav"] = wav_beside(media)
-    for name, path in files.items():
+    for entry, path in zip(_FILE_ENTRIES, files, strict=False):
         try:
-            actual = sha256_file(path)
-        except OSError:
-            return f"{name} missing"
-        if actual != (sidecar.get(name) or {}).get("sha256"):
-            return f"{name} does not match its sidecar"
+            digest, size = sha256_file(Path(path))
+        except FileNotFoundError:
+            return f"{entry} missing"
+        except OSError:  # ELOOP: a link; or a folder, a FIFO
+            return f"{entry} is not a regular file"
+        recorded = sidecar.get(entry)
+        if not isinstance(recorded, dict) or (recorded.get("sha256"), recorded.get("bytes")) != (digest, size):
+            return f"{entry} does not match its sidecar"
     return None
 
 
 def is_done(job: Job) -> bool:
-    return check_published(job.media, job.config_hash) is None
+    return check_published(job.files, job.config_hash) is None
 
 
 def discard_temps(job: Job) -> int:
-    """Removes temp files that earlier attempts of `job` left (a worker killed mid-write). Returns how many."""
+    """Removes temp files that earlier attempts of `job` left (a worker killed mid-write), each matched literally
+    (`is_temp_of`): glob characters in a file name match nothing but themselves. Returns how many."""
+    finals = [Path(f) for f in (*job.files, sidecar_path(job.media))]
     removed = 0
-    for final in map(Path, (*job.files, sidecar_path(job.media))):
-        for temp in final.parent.glob(f".{final.name}.a*.tmp"):
-            temp.unlink(missing_ok=True)
-            removed += 1
+    for folder in {final.parent for final in finals}:
+        try:
+            names = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for name in names:
+            if any(final.parent == folder and is_temp_of(name, final) for final in finals):
+                with contextlib.suppress(FileNotFoundError):
+                    (folder / name).unlink()
+                    removed += 1
     return removed
 
 
@@ -234,12 +376,53 @@ def summary_path(output_root: str | Path, name: str, run_id: str) -> Path:
     return records_dir(output_root, name) / "runs" / f"{run_id}.json"
 
 
+def read_record(path: Path) -> tuple[dict | None, str | None]:
+    """The one reader of the farm's JSON records (state, claims, run summaries): (the mapping, None); (None, None)
+    when there is none; (None, what is wrong with it, where, and what to do) when it is damaged or was edited by
+    hand into something else. Never raises: a damaged record is reported, and the run goes on."""
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as err:
+        return None, _damaged(path, f"cannot be read as JSON ({err})")
+    if not isinstance(data, dict):
+        return None, _damaged(path, f"holds a JSON {type(data).__name__}, not a mapping")
+    return data, None
+
+
+def _damaged(path: Path, what: str) -> str:
+    return (f"{path} {what}; the next farm submit of its manifest writes it again "
+            f"(or remove it: the renders and their sidecars are not affected)")
+
+
 def read_states(output_root: str | Path) -> dict[str, dict]:
-    """Every manifest's state file under a root, by manifest name."""
+    """Every manifest's state under a root, by manifest name, its `jobs` keeping only entries of the expected
+    shape; a state that cannot be used is `{"unreadable": why and what to do}`."""
     states = {}
     for path in sorted((Path(output_root) / RECORDS_DIR).glob("*/state.json")):
-        try:
-            states[path.parent.name] = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            states[path.parent.name] = {"unreadable": f"{path}: {err}"}
+        state, problem = read_record(path)
+        jobs = state.get("jobs") if state is not None else None
+        if state is not None and not isinstance(jobs, dict):
+            problem = _damaged(path, "has no mapping of jobs")
+        if problem:
+            states[path.parent.name] = {"unreadable": problem}
+            continue
+        state["jobs"] = {key: entry for key, entry in jobs.items() if _state_entry_ok(entry)}
+        if len(state["jobs"]) < len(jobs):
+            state["damaged"] = _damaged(path, f"has {len(jobs) - len(state['jobs'])} job entries that are not "
+                                              "mappings with media and config_hash (left out)")
+        states[path.parent.name] = state
     return states
+
+
+def _state_entry_ok(entry: Any) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("media"), str)
+            and isinstance(entry.get("config_hash"), str))
+
+
+def state_files(entry: dict) -> list[str]:
+    """The files a state entry's job publishes (an entry written before `files` was recorded: its media)."""
+    files = entry.get("files")
+    ok = isinstance(files, list) and files and all(isinstance(f, str) for f in files)
+    return files if ok else [entry["media"]]

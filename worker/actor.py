@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import ray
 import structlog
@@ -209,43 +209,47 @@ class RenderWorker:
 
     def publish(self, job: Job, attempt: int) -> dict[str, Any]:
         """Publishes what `render` kept for this attempt: media (its sound muxed in), the WAV if asked, then the
-        sidecar. Runs beside the worker's next render (the actor has two threads), so the GPU does not wait for an
-        encode. Returns a small summary for the driver."""
+        sidecar; if a later file fails, the earlier ones are removed again (`storage.Publication`). Runs beside
+        the worker's next render (the actor has two threads), so the GPU does not wait for an encode. Returns a
+        small summary for the driver."""
         kept = self._rendered.pop((job.key, attempt))
         output, sound = kept.output, kept.sound
         encoded: list[float] = []
 
-        def write(temp: Path) -> None:
-            encode.write_media(output.frames, output.fps, temp, image=job.request.task == "t2i", sound=sound)
+        def write(out: IO[bytes]) -> None:
+            encode.write_media(output.frames, output.fps, out, image=job.request.task == "t2i", sound=sound)
             encoded.append(time.time() - publish_started)
 
         publish_started = time.time()
-        media = storage.publish(Path(job.media), attempt, write, root=self._origin["root"])
-        wav = None if job.wav is None else storage.publish(
-            Path(job.wav), attempt, lambda temp: encode.write_wav(sound, temp), root=self._origin["root"])
-        finished = time.time()
-        # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
-        timings = {**output.timings, "media_encode": encoded[0], "publish": finished - publish_started}
-        measured = output.memory
-        figures = {
+        with storage.Publication(self._origin["root"]) as publication:
+            media = publication.file(Path(job.media), write)
+            wav = None if job.wav is None else publication.file(Path(job.wav), lambda out: encode.write_wav(sound, out))
+            finished = time.time()
+            # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
+            timings = {**output.timings, "media_encode": encoded[0], "publish": finished - publish_started}
+            figures = self._figures(kept, timings)
+            record = storage.sidecar_record(
+                job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
+                manifest=self._origin, worker=self._identity,
+                checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
+                fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
+                attention=output.info.get("attention"),
+                started=kept.started, finished=finished, **figures,
+            )
+            publication.json(storage.sidecar_path(job.media), record)
+        return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
+                "started": kept.started, "finished": time.time()}
+
+    def _figures(self, kept: _Rendered, timings: dict[str, Any]) -> dict[str, Any]:
+        measured = kept.output.memory
+        return {
             "timings": timings,
             "memory": {k: measured.get(k) for k in MEMORY_FIELDS},
             "gpu_seconds": kept.rendered - kept.started if self._gpu else None,  # the GPU is free once rendered
             "gpu_telemetry": kept.telemetry,
-            "cuda_graphs": output.info.get("cuda_graphs"),  # a job's graph captures and replays (GPU jobs)
+            "cuda_graphs": kept.output.info.get("cuda_graphs"),  # a job's graph captures and replays (GPU jobs)
             "worker_start": self._worker_start(),
         }
-        record = storage.sidecar_record(
-            job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
-            manifest=self._origin, worker=self._identity,
-            checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
-            fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
-            attention=output.info.get("attention"),
-            started=kept.started, finished=finished, **figures,
-        )
-        storage.write_json(storage.sidecar_path(job.media), record, attempt, root=self._origin["root"])
-        return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
-                "started": kept.started, "finished": time.time()}
 
     def _worker_start(self) -> dict[str, Any]:
         """The start's figures, read per job: the VAE's seconds arrive when its background build ends."""

@@ -1,21 +1,26 @@
 """Frames -> files: one PNG for an image, an H.264 MP4 for a video (with an AAC track when it has sound),
 and a 16-bit PCM WAV of the sound on request.
 
-The path is a temp name chosen by `farm.storage.publish`, so formats are given explicitly rather than
-guessed from the extension. Sound keeps the sample rate the sound tokenizer decoded at: ffmpeg is told
+Each writer fills `out`: the binary handle of the temp file `farm.storage.publish` created (or a path, opened
+here), so formats are given explicitly rather than guessed from a name. Files are encoded and read back in
+local scratch space or memory, then copied through the handle, never reopened by name in the output folder.
+Sound keeps the sample rate the sound tokenizer decoded at: ffmpeg is told
 that rate for input and output, so it never resamples.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import IO
 
 import imageio.v3 as iio
 import imageio_ffmpeg
@@ -78,21 +83,37 @@ def _check(frames: np.ndarray) -> None:
         raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {list(frames.shape)}")
 
 
-def write_png(frames: np.ndarray, path: Path, *, compress_level: int = PNG_COMPRESS_LEVEL) -> None:
+Target = IO[bytes] | str | os.PathLike  # a binary handle to fill, or a path to write
+
+
+@contextlib.contextmanager
+def _opened(out: Target) -> Iterator[IO[bytes]]:
+    """`out` itself when it is a handle (the caller's to close), else the file at that path, opened for writing."""
+    if hasattr(out, "write"):
+        yield out
+    else:
+        with open(out, "wb") as handle:
+            yield handle
+
+
+def write_png(frames: np.ndarray, out: Target, *, compress_level: int = PNG_COMPRESS_LEVEL) -> None:
     """Writes the single frame of an image render; ``compress_level`` is zlib's (benchmarks compare them)."""
     _check(frames)  # [1, H, W, 3]
     if frames.shape[0] != 1:
         raise ValueError(f"an image render has one frame, got {frames.shape[0]}")
-    iio.imwrite(path, frames[0], extension=".png", compress_level=compress_level)
+    data = iio.imwrite("<bytes>", frames[0], extension=".png", compress_level=compress_level)
     try:
-        back = iio.imread(path, extension=".png")
+        back = iio.imread(data, extension=".png")
     except (OSError, ValueError) as err:
-        raise EncodeError(f"{path.name} does not read back as a PNG: {err}") from None
+        raise EncodeError(f"the PNG does not read back as a PNG: {err}") from None
     if not np.array_equal(back, frames[0]):
-        raise EncodeError(f"{path.name} reads back as {list(back.shape)}, not the rendered {list(frames[0].shape)}")
+        raise EncodeError(f"the PNG reads back as {list(back.shape)}, not the rendered {list(frames[0].shape)}")
+    with _opened(out) as handle:
+        _check_space(handle, len(data), "publishing the PNG")
+        handle.write(data)
 
 
-def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | None = None, *,
+def write_mp4(frames: np.ndarray, fps: float, out: Target, sound: Soundtrack | None = None, *,
               preset: str = MP4_PRESET) -> None:
     """Writes an H.264 MP4 (plus an AAC track of ``sound``) through imageio-ffmpeg's bundled ffmpeg; ``preset``
     is x264's (benchmarks compare them)."""
@@ -104,7 +125,7 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | No
         )
     # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
     # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
-    # and only this process copies the result to `path`.
+    # and only this process copies the result to `out`.
     with _scratch() as scratch:
         # H.264 at crf 18 stays below the yuv420p frames' size (half of rgb24); the WAV is float32.
         _check_space(Path(scratch), frames.nbytes // 2 + (sound.waveform.nbytes if sound else 0), "encoding")
@@ -114,31 +135,44 @@ def write_mp4(frames: np.ndarray, fps: float, path: Path, sound: Soundtrack | No
             audio = Path(scratch) / "sound.wav"
             _encode_wav(sound, audio, codec="pcm_f32le")
         _encode_h264(frames, fps, local, audio, preset)
-        _check_space(path.parent, local.stat().st_size, f"publishing {path.name}")
-        shutil.copyfile(local, path)
-    _read_back_mp4(path, frames)
+        _read_back_mp4(local, frames)
+        _copy(local, out, "publishing the MP4")
 
 
-def write_wav(sound: Soundtrack, path: Path) -> None:
+def write_wav(sound: Soundtrack, out: Target) -> None:
     """Writes ``sound`` as a 16-bit PCM WAV at its own sample rate (samples beyond [-1, 1] clip)."""
     with _scratch() as scratch:
         local = Path(scratch) / "sound.wav"
         _encode_wav(sound, local, codec="pcm_s16le")
-        shutil.copyfile(local, path)
+        _copy(local, out, "publishing the WAV")
+
+
+def _copy(local: Path, out: Target, doing: str) -> None:
+    with _opened(out) as handle, open(local, "rb") as source:
+        _check_space(handle, local.stat().st_size, doing)
+        shutil.copyfileobj(source, handle)
 
 
 def _scratch() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=f"{_scratch_prefix()}{os.getpid()}-")
 
 
-def _check_space(folder: Path, needed: int, doing: str) -> None:
-    free = shutil.disk_usage(folder).free
+def _check_space(where: Path | IO[bytes], needed: int, doing: str) -> None:
+    """Refuses to start writing `needed` bytes into a file system with less free: a folder, or the one holding
+    an open handle (read through its descriptor)."""
+    usage = os.statvfs(where if isinstance(where, Path) else where.fileno())
+    free = usage.f_bavail * usage.f_frsize
     if free < needed:
-        raise StorageFault(f"ENOSPC: {doing} needs about {_mib(needed)} in {folder}, which has {_mib(free)} free")
+        place = where if isinstance(where, Path) else Path(where.name).parent
+        raise StorageFault(f"ENOSPC: {doing} needs about {_size(needed)} in {place}, which has {_size(free)} free")
 
 
-def _mib(size: int) -> str:
-    return f"{size / (1 << 20):.1f} MiB"
+def _size(count: int) -> str:
+    """Bytes as people read them: `812 bytes`, `12.3 KiB`, `4.0 MiB`, `1.5 GiB` (never a rounded-away 0.0)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            return f"{count / (1 << shift):.1f} {unit}"
+    return f"{count} bytes"
 
 
 def _ffmpeg(arguments: list[str], stdin: np.ndarray, path: Path) -> None:
@@ -228,8 +262,8 @@ def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None,
     _ffmpeg([*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-preset", preset, *_MP4_PARAMS], frames, path)
 
 
-def write_media(frames: np.ndarray, fps: float, path: Path, *, image: bool, sound: Soundtrack | None = None) -> None:
+def write_media(frames: np.ndarray, fps: float, out: Target, *, image: bool, sound: Soundtrack | None = None) -> None:
     if image:
-        write_png(frames, path)
+        write_png(frames, out)
     else:
-        write_mp4(frames, fps, path, sound)
+        write_mp4(frames, fps, out, sound)

@@ -122,10 +122,17 @@ def no_gpu_works(model, gpu: bool) -> FakeRenderer:
 
 def full_scratch(model, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:
     """Renders fine, but this worker's disks report no free space (ENOSPC before encoding)."""
-    import shutil
+    import os
+    import types
 
-    full = shutil.disk_usage("/")._replace(free=0)
-    shutil.disk_usage = lambda folder: full  # in this worker's process only
+    real = os.statvfs
+
+    def statvfs(where):
+        usage = real(where)
+        return types.SimpleNamespace(**{**{k: getattr(usage, k) for k in dir(usage) if k.startswith("f_")},
+                                        "f_bavail": 0, "f_bfree": 0})
+
+    os.statvfs = statvfs  # in this worker's process only
     return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)
 
 

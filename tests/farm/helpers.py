@@ -97,8 +97,8 @@ def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaul
 
 def publish(job, *, run: str, attempt: int = 1, data: bytes = b"video bytes") -> None:
     """Publishes `job` the way a worker does, with made-up media bytes."""
-    media = storage.publish(Path(job.media), attempt, lambda temp: temp.write_bytes(data))
-    storage.write_json(storage.sidecar_path(job.media), storage.sidecar_record(job, run, attempt, media), attempt)
+    media = storage.publish(Path(job.media), lambda out: out.write(data))
+    storage.write_json(storage.sidecar_path(job.media), storage.sidecar_record(job, run, attempt, media))
 
 
 def output_files(root: Path) -> list[str]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +28,14 @@ def address():
         yield ray.get_runtime_context().gcs_address
 
 
-def _farm(*args: str, pipeline: str = "worker.fake:factory") -> subprocess.Popen:
-    command = [sys.executable, "-m", "farm", *args, "--pipeline", pipeline, "--no-progress"]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """This process ignores SIGINT meanwhile, as a test run started from a background job of a script does."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _sidecars(root: Path) -> list[Path]:
@@ -58,12 +65,14 @@ def test_farm_imports_without_torch():
 # once; the other four wait for a gate file that opens only after the signal, so exactly two are done when it
 # lands however slow the machine is.
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(address, tmp_path, signum):
+def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(address, tmp_path, signum, farm):
     gate = tmp_path / "gate"
     jobs = [{"id": f"clip{i}", "prompt": f"shot {i}" + (f" wait-for {gate}" if i >= 2 else "")} for i in range(6)]
     path = write_manifest(tmp_path, jobs)
     root = tmp_path / "out"
-    run = _farm("submit", str(path), "--address", address, pipeline="tests.farm.fakes:gated")
+    with _sigint_ignored():  # the child must still stop on SIGINT
+        run = farm("submit", str(path), "--address", address, "--start-timeout", "120",
+                   pipeline="tests.farm.fakes:gated")
     _wait_for(lambda: _count(root, "job_done") == 2 and _count(root, "job_started") >= 4)
     run.send_signal(signum)
     _, err = run.communicate(timeout=120)
@@ -74,7 +83,8 @@ def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(
     assert state(root)["result"] == "interrupted"
 
     gate.touch()
-    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fakes.gated, progress=False))
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fakes.gated, progress=False,
+                                                                     start_timeout=120))
     assert report.ok and len(report.skipped) == 2
     assert len(report.outcomes) == len(jobs) - 2
     assert all(json.loads(p.read_text())["run"] == run_id for p, run_id in first.items())
@@ -84,7 +94,7 @@ def test_a_second_submit_after_an_interrupted_run_renders_only_what_was_missing(
 def test_status_retry_and_plan_after_a_run_with_a_failure(address, tmp_path, capsys):
     jobs = [{"id": "good", "prompt": "fine"}, {"id": "bad", "prompt": "fail", "retries": 0}]
     path = write_manifest(tmp_path, jobs)
-    args = cli.build_parser().parse_args(["submit", str(path), "--no-progress"])
+    args = cli.build_parser().parse_args(["submit", str(path), "--no-progress", "--start-timeout", "120"])
     args.pipeline = _failing_pipeline(tmp_path)
     assert args.func(args) == 1
     capsys.readouterr()
@@ -94,7 +104,8 @@ def test_status_retry_and_plan_after_a_run_with_a_failure(address, tmp_path, cap
     assert (row["manifest"], row["done"], row["failed"], row["pending"]) == ("test", 1, 1, 0)
 
     # The cause is fixed (here: a pipeline that works); retry renders the failed job and nothing else.
-    assert cli.main(["retry", str(path), "--pipeline", "worker.fake:factory", "--no-progress"]) == 0
+    assert cli.main(["retry", str(path), "--pipeline", "worker.fake:factory", "--no-progress",
+                     "--start-timeout", "120"]) == 0
     assert "1 done, 0 failed, 0 pending, 0 skipped" in capsys.readouterr().out
     assert {k: v["state"] for k, v in state(tmp_path / "out")["jobs"].items()} == {"good": "done", "bad": "done"}
 

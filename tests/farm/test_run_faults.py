@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -33,11 +34,6 @@ def address():
         yield ray.get_runtime_context().gcs_address
 
 
-def _farm(*args: str, pipeline: str = "worker.fake:factory", env: dict | None = None) -> subprocess.Popen:
-    command = [sys.executable, "-m", "farm", *args, "--pipeline", pipeline, "--no-progress"]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
 def _wait_for(condition, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -63,12 +59,12 @@ def _submit_cli(path: Path, pipeline, *extra: str) -> int:
 # -- one writer ----------------------------------------------------------------------------------------
 
 
-def test_two_drivers_on_one_root_render_every_job_exactly_once(address, tmp_path):
+def test_two_drivers_on_one_root_render_every_job_exactly_once(address, tmp_path, farm):
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
     root = tmp_path / "out"
-    first = _farm("submit", str(path), "--address", address, "--wait")
+    first = farm("submit", str(path), "--address", address, "--wait")
     _wait_for(lambda: _logged(root, "job_started"))
-    second = _farm("submit", str(path), "--address", address, "--wait")
+    second = farm("submit", str(path), "--address", address, "--wait")
     outputs = [run.communicate(timeout=300) for run in (first, second)]
 
     assert [first.returncode, second.returncode] == [0, 0], outputs
@@ -77,13 +73,13 @@ def test_two_drivers_on_one_root_render_every_job_exactly_once(address, tmp_path
     assert len(output_files(root)) == 2 * len(SLOW_JOBS) and not temp_files(root) and not _lease(root).exists()
 
 
-def test_a_second_submit_without_wait_is_refused_naming_the_running_driver(address, tmp_path):
+def test_a_second_submit_without_wait_is_refused_naming_the_running_driver(address, tmp_path, farm):
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
     root = tmp_path / "out"
-    first = _farm("submit", str(path), "--address", address)
+    first = farm("submit", str(path), "--address", address)
     _wait_for(lambda: _logged(root, "job_started"))
     holder = lease.read(_lease(root))
-    second = _farm("submit", str(path), "--address", address)
+    second = farm("submit", str(path), "--address", address)
     _, err = second.communicate(timeout=120)
 
     assert second.returncode == 1
@@ -106,10 +102,10 @@ def test_another_manifest_with_the_same_name_in_the_same_root_is_refused(tmp_pat
     assert f"already holds the renders of another manifest named 'test' ({one})" in err and "change name:" in err
 
 
-def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(address, tmp_path, capsys):
+def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(address, tmp_path, capsys, farm):
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 100})
     root = tmp_path / "out"
-    run = _farm("submit", str(path), "--address", address)
+    run = farm("submit", str(path), "--address", address)
     _wait_for(lambda: _logged(root, "job_started"))
     workers = [e["pid"] for e in _logged(root, "worker_ready")]
     run.send_signal(signal.SIGKILL)
@@ -127,17 +123,16 @@ def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(ad
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="farm.reaper reads /proc")
-def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_path):
+def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_path, farm):
     """Ray's dashboard and runtime-env agents outlive a SIGKILLed driver; farm.reaper ends them."""
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 300})
     root = tmp_path / "out"
-    command = [sys.executable, "-m", "farm", "submit", str(path), "--pipeline", "worker.fake:factory", "--no-progress"]
-    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = farm("submit", str(path), output=subprocess.DEVNULL)
     _wait_for(lambda: _logged(root, "job_started"))
     ours = reaper.descendants(reaper.processes(), run.pid)
     assert len(ours) > 5  # gcs, raylet, dashboard, agents, workers, the reaper
     run.send_signal(signal.SIGKILL)
-    run.wait()
+    run.wait(timeout=60)
 
     def left() -> dict[int, int]:
         table = reaper.processes()
@@ -154,18 +149,18 @@ def _without_auth_settings(**changes: str) -> dict:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}, **changes}
 
 
-def test_address_host_port_joins_a_token_auth_cluster_with_the_token_on_this_machine(address, tmp_path):
+def test_address_host_port_joins_a_token_auth_cluster_with_the_token_on_this_machine(address, tmp_path, farm):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
-    run = _farm("submit", str(path), "--address", address, env=_without_auth_settings())
+    run = farm("submit", str(path), "--address", address, env=_without_auth_settings())
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err  # was: ~20 s of InvalidAuthToken warnings, then a failure
     assert "1 done, 0 failed" in out
 
 
-def test_address_host_port_without_a_token_says_what_to_set(address, tmp_path):
+def test_address_host_port_without_a_token_says_what_to_set(address, tmp_path, farm):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     (tmp_path / "home").mkdir()
-    run = _farm("submit", str(path), "--address", address, env=_without_auth_settings(HOME=str(tmp_path / "home")))
+    run = farm("submit", str(path), "--address", address, env=_without_auth_settings(HOME=str(tmp_path / "home")))
     _, err = run.communicate(timeout=300)
     assert run.returncode == 1 and "Traceback" not in err
     assert "copy the head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN" in err
@@ -244,3 +239,30 @@ def test_a_read_only_root_is_refused_at_validate_and_at_submit_without_a_traceba
     assert "validate=1" in done.stdout and "submit=1" in done.stdout, done.stdout + done.stderr
     assert done.stderr.count(f"{root} is on a read-only file system; mount it read-write") == 2, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_disk_that_fills_mid_run_ends_it_with_its_state_written_and_no_torn_event(address, tmp_path, monkeypatch):
+    """Issue 49, defect 17: once an event cannot be appended, the run stops, and says why."""
+    path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 20})
+    root = tmp_path / "out"
+    real = os.write
+    full = threading.Event()
+
+    def write(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("events.jsonl"):
+            if full.is_set():
+                real(fd, data[:len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if b'"job_done"' in data:
+                full.set()  # the disk fills once the first job is logged done
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(address=address, factory=fake.factory,
+                                                                     progress=False, workers=1))
+    monkeypatch.undo()
+    assert report.error.startswith("run stopped: ENOSPC (No space left on device) appending to ")
+    assert state(root)["result"] == "failed" and report.summary_path
+    logged = [json.loads(line)["event"] for line in (root / ".farm/test/events.jsonl").read_text().splitlines()]
+    assert logged.count("job_done") == 1 and logged[-1] == "job_done"  # whole lines only, none after the fault
+    assert report.counts["pending"] >= 1

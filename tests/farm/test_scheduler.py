@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from farm import cluster as cluster_module
-from farm import driver, manifest
+from farm import driver, manifest, storage
 from farm.cli import build_parser
 from farm.errors import ClusterError
 from tests.farm import fakes
@@ -232,7 +232,7 @@ def test_a_sound_tokenizer_that_did_not_build_fails_the_jobs_with_sound_once_and
 
 def test_temp_files_of_a_crashed_earlier_run_are_swept(tmp_path):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
-    leftover = tmp_path / "out/test/.a_s0.mp4.a1.4242.tmp"
+    leftover = storage.temp_path(tmp_path / "out/test/a_s0.mp4")
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"half a video")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import hashlib
 import json
 import os
 import weakref
@@ -53,12 +54,12 @@ def test_render_publishes_media_and_sidecar_and_returns_a_small_dict(cluster, tm
     assert identity["gpu"] == ["0"] and identity["slot"] == 0 and identity["node"]
     for job, result in zip(m.jobs, results, strict=True):
         assert set(result) == {"key", "attempt", "sha256", "figures", "started", "finished"}
-        assert result["sha256"] == storage.sha256_file(Path(job.media))
+        assert result["sha256"] == hashlib.sha256(Path(job.media).read_bytes()).hexdigest()
         record = json.loads(storage.sidecar_path(job.media).read_text())
         assert record["manifest"] == {**ORIGIN, "root": m.output_root} and record["worker"] == identity
         assert {"checkpoint", "precision", "step_policy"} <= set(record)
         assert len(record["timings"]["steps"]) == job.request.steps and record["timings"]["publish"] > 0
-        assert storage.check_published(job.media, job.config_hash, ("run-1", 1)) is None
+        assert storage.check_published(job.files, job.config_hash, ("run-1", 1)) is None
     assert Path(m.jobs[1].media).suffix == ".png"
 
 

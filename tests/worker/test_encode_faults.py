@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import types
 from pathlib import Path
 
 import imageio_ffmpeg
@@ -31,7 +32,7 @@ def _ffmpeg_script(tmp_path: Path, monkeypatch, body: str) -> None:
 
 def _publish_mp4(tmp_path: Path, frames: np.ndarray = FRAMES) -> Path:
     final = tmp_path / "out" / "clip.mp4"
-    storage.publish(final, 1, lambda temp: encode.write_mp4(frames, 24.0, temp), root=tmp_path / "out")
+    storage.publish(final, lambda temp: encode.write_mp4(frames, 24.0, temp), root=tmp_path / "out")
     return final
 
 
@@ -84,17 +85,16 @@ def test_an_mp4_short_of_frames_is_not_published(tmp_path, root, monkeypatch):
 
 def test_scratch_space_is_checked_before_ffmpeg_starts(tmp_path, root, monkeypatch):
     _ffmpeg_script(tmp_path, monkeypatch, f"touch {tmp_path}/ffmpeg-ran")
-    full = shutil.disk_usage(tmp_path)._replace(free=4096)
-    monkeypatch.setattr(encode.shutil, "disk_usage", lambda folder: full)
-    with pytest.raises(StorageFault, match=r"^ENOSPC: encoding needs about 3\.4 MiB in .*, which has 0\.0 MiB free"):
+    monkeypatch.setattr(encode.os, "statvfs", lambda where: types.SimpleNamespace(f_bavail=3, f_frsize=4096))
+    with pytest.raises(StorageFault, match=r"^ENOSPC: encoding needs about 3\.4 MiB in .*, which has 12\.0 KiB free"):
         _publish_mp4(tmp_path, np.zeros((9, 512, 512, 3), np.uint8))
     assert not (tmp_path / "ffmpeg-ran").exists() and _left(root) == []
 
 
 def test_a_png_that_does_not_read_back_is_not_published(tmp_path, root, monkeypatch):
-    monkeypatch.setattr(encode.iio, "imwrite", lambda path, frame, **_: Path(path).write_bytes(b"\x89PNG junk"))
+    monkeypatch.setattr(encode.iio, "imwrite", lambda target, frame, **_: b"\x89PNG junk")
     with pytest.raises(encode.EncodeError, match="does not read back as a PNG"):
-        storage.publish(root / "still.png", 1, lambda temp: encode.write_png(FRAMES[:1], temp), root=root)
+        storage.publish(root / "still.png", lambda temp: encode.write_png(FRAMES[:1], temp), root=root)
     assert _left(root) == []
 
 
@@ -107,19 +107,19 @@ def test_a_good_encode_still_publishes(tmp_path, root):
 
 
 def test_an_out_of_space_write_is_a_storage_fault_naming_enospc(root):
-    def full(temp: Path) -> None:
-        temp.write_bytes(b"half")
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(temp))
+    def full(out) -> None:
+        out.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), out.name)
 
     with pytest.raises(StorageFault, match=r"^ENOSPC \(No space left on device\) writing .*clip\.mp4$"):
-        storage.publish(root / "city" / "clip.mp4", 1, full, root=root)
+        storage.publish(root / "city" / "clip.mp4", full, root=root)
     assert _left(root) == []
 
 
 def test_publish_never_recreates_a_deleted_root(root):
     shutil.rmtree(root)
     with pytest.raises(StorageFault, match=r"output root .* is gone"):
-        storage.publish(root / "city" / "clip.mp4", 1, lambda temp: temp.write_bytes(b"x"), root=root)
+        storage.publish(root / "city" / "clip.mp4", lambda out: out.write(b"x"), root=root)
     assert not root.exists()
 
 
@@ -127,5 +127,13 @@ def test_publish_refuses_a_folder_that_is_a_symlink_out_of_the_root(tmp_path, ro
     (tmp_path / "elsewhere").mkdir()
     (root / "city").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OutputPathError, match=r"through the symlink .*city -> .*elsewhere, outside output.root"):
-        storage.publish(root / "city" / "clip.mp4", 1, lambda temp: temp.write_bytes(b"x"), root=root)
+        storage.publish(root / "city" / "clip.mp4", lambda out: out.write(b"x"), root=root)
     assert _left(tmp_path / "elsewhere") == []
+
+
+def test_a_nearly_full_disk_is_reported_in_numbers_that_are_not_rounded_to_zero(tmp_path, root, monkeypatch):
+    monkeypatch.setattr(encode.os, "statvfs", lambda where: types.SimpleNamespace(f_bavail=0, f_frsize=4096))
+    with pytest.raises(StorageFault, match=r"^ENOSPC: publishing the PNG needs about \d+ bytes in .*out, "
+                                           r"which has 0 bytes free$"):
+        storage.publish(root / "still.png", lambda out: encode.write_png(FRAMES[:1], out), root=root)
+    assert _left(root) == []

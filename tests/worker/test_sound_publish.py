@@ -8,6 +8,7 @@ sound checkpoint, and the fake's hum for the plumbing; a job the model cannot gi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import subprocess
 import wave
@@ -68,9 +69,10 @@ def _check_published_sound(job, samples: int) -> dict:
         assert (wav.getframerate(), wav.getnchannels(), wav.getnframes()) == (RATE, 2, samples)
     record = json.loads(storage.sidecar_path(job.media).read_text())
     assert record["sound"] == {"sampling_rate": RATE, "channels": 2, "samples": samples, "duration": samples / RATE}
-    assert record["wav"] == {"file": Path(job.wav).name, "sha256": storage.sha256_file(Path(job.wav)),
-                             "bytes": Path(job.wav).stat().st_size}
-    assert record["media"]["sha256"] == storage.sha256_file(Path(job.media))
+    wav_bytes = Path(job.wav).read_bytes()
+    assert record["wav"] == {"file": Path(job.wav).name, "sha256": hashlib.sha256(wav_bytes).hexdigest(),
+                             "bytes": len(wav_bytes)}
+    assert record["media"]["sha256"] == hashlib.sha256(Path(job.media).read_bytes()).hexdigest()
     return record
 
 
@@ -82,7 +84,7 @@ def test_a_real_render_with_sound_is_muxed_and_written_as_wav(cluster, tmp_path)
     (job,) = m.jobs
     _render(m, cosmos3_factory, job)
     _check_published_sound(job, samples=3000)
-    assert storage.check_published(job.media, job.config_hash, ("run-1", 1)) is None
+    assert storage.check_published(job.files, job.config_hash, ("run-1", 1)) is None
 
 
 def test_the_sidecar_commits_the_wav_too(cluster, tmp_path):
@@ -93,9 +95,9 @@ def test_the_sidecar_commits_the_wav_too(cluster, tmp_path):
     _check_published_sound(job, samples=3000)
     assert storage.is_done(job)
     Path(job.wav).write_bytes(b"RIFF....")  # a WAV changed after publishing: the job is not done any more
-    assert storage.check_published(job.media, job.config_hash) == "wav does not match its sidecar"
+    assert storage.check_published(job.files, job.config_hash) == "wav does not match its sidecar"
     Path(job.wav).unlink()
-    assert storage.check_published(job.media, job.config_hash) == "wav missing"
+    assert storage.check_published(job.files, job.config_hash) == "wav missing"
 
 
 def test_temps_of_every_file_of_a_job_are_discarded(tmp_path):
@@ -104,9 +106,8 @@ def test_temps_of_every_file_of_a_job_are_discarded(tmp_path):
     (job,) = m.jobs
     folder = Path(job.media).parent
     folder.mkdir(parents=True)
-    names = [f".{Path(p).name}.a3.123.tmp" for p in (*job.files, storage.sidecar_path(job.media))]
-    for name in names:
-        (folder / name).write_bytes(b"partial")
+    for final in (*job.files, storage.sidecar_path(job.media)):
+        storage.temp_path(Path(final)).write_bytes(b"partial")
     assert storage.discard_temps(job) == 3 and not list(folder.iterdir())
 
 
