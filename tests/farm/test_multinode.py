@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.farm.helpers import events, output_files, started_on, state, temp_files, write_manifest
-from tests.farm.ray_nodes import RayNodes
+from tests.farm.helpers import assert_every_job_done_once, events, started_on, wait_while_running, write_manifest
+from tests.farm.ray_nodes import VENV_BIN
 
 pytestmark = pytest.mark.slow
 
@@ -21,32 +20,8 @@ FARM = [sys.executable, "-m", "farm", "submit"]
 OPTIONS = ["--pipeline", "worker.fake:factory", "--no-progress", "--start-timeout", "120"]
 
 
-@pytest.fixture
-def nodes():
-    """Each test starts its head and worker nodes; all are killed whatever the test did."""
-    cluster = RayNodes()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def _jobs(count: int) -> list[dict]:
     return [{"id": f"shot{i:02d}", "prompt": f"shot {i}"} for i in range(count)]
-
-
-def _wait_until(condition, run: subprocess.Popen, what: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert run.poll() is None, f"{what} did not happen: the run ended\n{run.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:g}s"
-        time.sleep(0.1)
-
-
-def _assert_every_job_done_once(root: Path, jobs: list[dict]) -> None:
-    assert {entry["state"] for entry in state(root)["jobs"].values()} == {"done"}
-    media = sorted(f"test/{job['id']}_s0.mp4" for job in jobs)
-    assert output_files(root) == sorted(media + [m + ".json" for m in media]) and not temp_files(root)
 
 
 def _node_of(root: Path, key: str) -> str:
@@ -71,7 +46,7 @@ def test_a_killed_raylet_costs_no_render_and_the_cli_says_so_in_one_line(nodes, 
     run = subprocess.Popen([*FARM, str(path), "--address", nodes.address, *OPTIONS], cwd=REPO, env=nodes.env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_until(lambda: _ready_on(root, doomed_id) == 2 and started_on(root, doomed_id), run,
+        wait_while_running(lambda: _ready_on(root, doomed_id) == 2 and started_on(root, doomed_id), run,
                     "both workers ready on the doomed node, and a job started there")
         # What a raylet writes to its stderr reaches the driver through Ray's log forwarding, as the dying
         # raylet's state dump does.
@@ -82,7 +57,7 @@ def test_a_killed_raylet_costs_no_render_and_the_cli_says_so_in_one_line(nodes, 
         run.kill()
 
     assert run.returncode == 0, err
-    _assert_every_job_done_once(root, jobs)
+    assert_every_job_done_once(root, jobs)
     run_events = events(root)
     lost = [e for e in run_events if e["event"] == "node_lost"]
     assert [(e["node"], e["workers"]) for e in lost] == [(doomed_id, 2)]
@@ -92,3 +67,30 @@ def test_a_killed_raylet_costs_no_render_and_the_cli_says_so_in_one_line(nodes, 
     # The user reads one line about the node, none of a raylet's own.
     assert sum("node_lost" in line for line in err.splitlines()) == 1
     assert "[state-dump]" not in err + out
+
+
+def test_a_node_added_mid_run_takes_jobs_of_a_ray_job_submitted_run(nodes, tmp_path):
+    nodes.start_head(dashboard=True)
+    first = nodes.add_node("first", gpus=2, cpus=2)
+    jobs = _jobs(40)  # ~2 s each: 40 s on the first node's 2 workers, room for a node to start and join
+    root = tmp_path / "out"
+    path = write_manifest(tmp_path, jobs, defaults={"steps": 200})
+    # As docs/farm.md runs the driver on the cluster; the job's driver finds the cluster in RAY_ADDRESS.
+    command = [str(VENV_BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{nodes.dashboard_port}",
+               "--working-dir", ".", "--", "python", "-m", "farm", "submit", str(path), *OPTIONS]
+    run = subprocess.Popen(command, cwd=REPO, env=nodes.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        wait_while_running(lambda: started_on(root, first.node_id()), run, "a job starting on the first node")
+        joined = nodes.add_node("joined", gpus=2, cpus=2)
+        out, err = run.communicate(timeout=300)
+    finally:
+        run.kill()
+
+    assert run.returncode == 0, out + err
+    assert "40 done, 0 failed" in out
+    assert_every_job_done_once(root, jobs)
+    assert [e["slot"] for e in events(root) if e["event"] == "worker_added"] == [2, 3]
+    on_joined = started_on(root, joined.node_id())
+    assert on_joined, "the node that joined mid-run rendered nothing"
+    assert {_node_of(root, key) for key in on_joined} == {joined.node_id()}
