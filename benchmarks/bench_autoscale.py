@@ -12,6 +12,7 @@ done once, the most nodes seen, the time until the last node was gone.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import platform
 import subprocess
@@ -43,23 +44,20 @@ def _manifest(folder: Path, jobs: int, seconds: float) -> Path:
     return path
 
 
-def _timeline(samples: list[dict], run_events: list[dict], start: float) -> list[tuple]:
-    """(seconds since submit, GPU nodes, workers wanted, workers ready, jobs done so far): a row per change of
-    nodes or workers."""
-    changes = [(s["t"], "nodes", s["nodes"]) for s in samples]
-    changes += [(e["ts"], "pool", (e["wanted"], e["ready"])) for e in run_events if e["event"] == "workers"]
-    changes += [(e["ts"], "done", None) for e in run_events if e["event"] == "job_done"]
-    rows, nodes, pool, done = [], 0, (0, 0), 0
-    for t, kind, value in sorted(changes, key=lambda change: change[0]):
-        if kind == "done":
-            done += 1
-            continue
-        if kind == "nodes":
-            nodes = value
-        else:
-            pool = value
-        rows.append((max(0.0, t - start), nodes, *pool, done))
-    return rows
+def _timeline(samples: list[dict], run_events: list[dict], start: float, step: float) -> list[tuple]:
+    """(seconds since submit, GPU nodes, workers wanted, workers ready, jobs done): the state every `step` seconds
+    until the last node sample, and at that sample."""
+    pools = [(e["ts"], (e["wanted"], e["ready"])) for e in run_events if e["event"] == "workers"]
+    done = sorted(e["ts"] for e in run_events if e["event"] == "job_done")
+    end = samples[-1]["t"]
+
+    def at(t: float) -> tuple:
+        nodes = [s["nodes"] for s in samples if s["t"] <= t]
+        pool = [p for ts, p in pools if ts <= t]
+        return (t - start, nodes[-1] if nodes else 0, *(pool[-1] if pool else (0, 0)), bisect.bisect_right(done, t))
+
+    times = [start + i * step for i in range(int((end - start) // step) + 1)]
+    return [at(t) for t in [*times, end]]
 
 
 def main() -> None:
@@ -68,6 +66,7 @@ def main() -> None:
     parser.add_argument("--max-workers", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=3.0, help="render time per job")
     parser.add_argument("--idle-timeout", type=float, default=5.0, help="seconds an idle node lives")
+    parser.add_argument("--step", type=float, default=2.0, help="seconds between rows of the table")
     args = parser.parse_args()
 
     nodes = RayNodes()
@@ -104,7 +103,7 @@ def main() -> None:
           f"logical GPUs (max {MAX_NODES} nodes), idle timeout {args.idle_timeout:g} s\n")
     print("| t (s) | GPU nodes | workers wanted | workers ready | jobs done |")
     print("|---|---|---|---|---|")
-    for t, node_count, wanted, ready, jobs_done in _timeline(samples, run_events, start):
+    for t, node_count, wanted, ready, jobs_done in _timeline(samples, run_events, start, args.step):
         print(f"| {t:.1f} | {node_count} | {wanted} | {ready} | {jobs_done} |")
     once = len(done) == len({e["key"] for e in done}) == args.jobs == len(outputs)
     print(f"\njobs done: {len(done)} ({len(outputs)} outputs; each job once: {once}; "

@@ -179,7 +179,7 @@ class Scheduler:
         finally:
             self._stop_workers()
             self.metrics.load(len(self.pending), 0)
-            self.metrics.pool(0, 0)
+            self._report_pool(stopped=True)
         return self.outcomes
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -422,11 +422,11 @@ class Scheduler:
             slot.actor, slot.released = None, True
             self.log.emit("worker_released", slot=slot.index, node=slot.identity.get("node"))
 
-    def _report_pool(self) -> None:
-        """How many workers the run wants (slots not retired or released) and has (ready): an event when either
-        changes, and the dashboard's gauges."""
-        wanted = sum(not s.retired and not s.released for s in self.slots)
-        pool = (wanted, wanted - len(self.starting))
+    def _report_pool(self, stopped: bool = False) -> None:
+        """How many workers the run wants (slots not retired or released) and has (ready), none once `stopped`: an
+        event when either changes, and the dashboard's gauges."""
+        wanted = 0 if stopped else sum(not s.retired and not s.released for s in self.slots)
+        pool = (wanted, 0 if stopped else wanted - len(self.starting))
         if pool != self.pool:
             self.pool = pool
             self.log.emit("workers", wanted=pool[0], ready=pool[1])
