@@ -144,15 +144,22 @@ def test_with_max_workers_an_idle_worker_stops_once_the_queue_is_empty_and_a_job
     jobs = [{"id": "held", "prompt": f"wait-for {gate}"}, {"id": "quick", "prompt": "fine"}]
     root = tmp_path / "out"
 
+    released = threading.Event()
+
     def kill_held_worker_once_the_other_is_released() -> None:
         deadline = time.monotonic() + 120
-        while not any(e["event"] == "worker_released" for e in _events_so_far(root)):
-            assert time.monotonic() < deadline, "no worker was released"
-            time.sleep(0.05)
-        logged = _events_so_far(root)
-        slot = next(e["slot"] for e in logged if e["event"] == "job_started" and e["key"] == "held")
-        os.kill(next(e["pid"] for e in logged if e["event"] == "worker_ready" and e["slot"] == slot), signal.SIGKILL)
-        gate.touch()  # for the next attempt: the killed worker never sees it
+        try:
+            while not any(e["event"] == "worker_released" for e in _events_so_far(root)):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+            released.set()
+            logged = _events_so_far(root)
+            slot = next(e["slot"] for e in logged if e["event"] == "job_started" and e["key"] == "held")
+            os.kill(next(e["pid"] for e in logged if e["event"] == "worker_ready" and e["slot"] == slot),
+                    signal.SIGKILL)
+        finally:
+            gate.touch()  # for the next attempt (the killed worker never sees it), or to end a run gone wrong
 
     killer = threading.Thread(target=kill_held_worker_once_the_other_is_released)
     killer.start()
@@ -161,6 +168,7 @@ def test_with_max_workers_an_idle_worker_stops_once_the_queue_is_empty_and_a_job
     finally:
         killer.join()
 
+    assert released.is_set(), "no worker was released once the queue was empty"
     assert report.ok and report.outcomes["held"].attempts == 2 and report.outcomes["quick"].attempts == 1
     logged = [(e["event"], e.get("slot")) for e in events(root)]
     released = next(slot for event, slot in logged if event == "worker_released")
