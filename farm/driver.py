@@ -34,7 +34,7 @@ STATE_FORMAT = 1
 class SubmitOptions:
     address: str | None = None  # an existing cluster; None starts an embedded one
     workers: int | None = None  # CPU workers without GPUs; at most this many GPU workers with them
-    max_workers: int | None = None  # autoscaling: ask for GPU workers for min(jobs, this), stop idle ones at the end
+    max_workers: int | None = None  # autoscaling: GPU workers for min(jobs, this); idle ones stop once none is queued
     accelerator_type: str | None = None  # e.g. B200: only GPUs of this type
     force: bool = False  # render jobs that are already done
     only: frozenset[str] | None = None  # job keys to consider (`farm retry`); None = all
