@@ -137,7 +137,8 @@ def do_retry(args: argparse.Namespace) -> Result:
 
 def _run(m: manifests.Manifest, args: argparse.Namespace, only: frozenset[str] | None) -> Result:
     options = driver.SubmitOptions(
-        address=args.address, workers=args.workers, accelerator_type=args.accelerator_type,
+        address=args.address, workers=args.workers, max_workers=args.max_workers,
+        accelerator_type=args.accelerator_type,
         force=args.force, only=only, factory=args.pipeline, init_failure_budget=args.init_failures,
         start_timeout=args.start_timeout, progress=not args.no_progress, wait=args.wait,
     )
@@ -209,6 +210,12 @@ def _factory(spec: str) -> Any:
         raise argparse.ArgumentTypeError(f"cannot import pipeline factory {spec!r}: {err}") from err
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--output", choices=("text", "json"), default="text", help="result format on stdout")
@@ -237,9 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--address", help="Ray cluster to join (default: start one here, dashboard on 127.0.0.1)")
-    sub.add_argument("--workers", type=int,
-                     help="CPU workers when the cluster has no GPUs (default 1); else this many GPU workers "
-                          "(default: one per GPU, and more as GPU nodes join mid-run)")
+    pool = sub.add_mutually_exclusive_group()
+    pool.add_argument("--workers", type=int,
+                      help="CPU workers when the cluster has no GPUs (default 1); else this many GPU workers "
+                           "(default: one per GPU, and more as GPU nodes join mid-run)")
+    pool.add_argument("--max-workers", type=_positive, metavar="N",
+                      help="on a cluster that autoscales: ask for a GPU worker per pending job, at most N, "
+                           "whatever GPUs it has now (Ray's autoscaler adds nodes for them); idle workers stop "
+                           "once no job is left, so the autoscaler can remove their nodes")
     sub.add_argument("--accelerator-type", help="only use GPUs of this type, e.g. B200 or H200")
     sub.add_argument("--force", action="store_true", help="render jobs that are already done")
     sub.add_argument("--pipeline", type=_factory, default="worker.actor:cosmos3_factory", metavar="MODULE:FUNC",

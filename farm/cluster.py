@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private import worker as ray_worker  # its log printer: there is no public hook for it
 
 try:  # Ray's token lookup; there is no public API for it
     from ray._private.authentication import authentication_token_setup
@@ -67,6 +68,7 @@ def connect(address: str | None) -> Connection:
             "; if the cluster uses token authentication (Ray's default), this machine has no token: copy the "
             "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")
         raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}{hint}") from err
+    _forward_worker_logs_only()
     url = context.dashboard_url
     reaper = None if address or not Path("/proc").is_dir() else subprocess.Popen(
         [sys.executable, "-m", "farm.reaper", str(os.getpid())], start_new_session=True,
@@ -82,6 +84,23 @@ def _use_token_auth() -> bool:
     if authentication_token_setup is None:
         return False
     return authentication_token_setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _forward_worker_logs_only() -> None:
+    """Ray prints in the driver what every node sends it: its workers' log lines (a job's traceback is the
+    user's to see) and its raylets' (their stderr, and notices such as a dead raylet's last log lines, pages of
+    `[state-dump]`). The raylets' are dropped: a lost node is the run's one `node_lost` line, and a worker's
+    death reaches the events log as its job's error. Both kinds pass through one printer, wrapped here once."""
+    printer = ray_worker.print_worker_logs
+    if getattr(printer, "drops_raylet_lines", False):
+        return
+
+    def print_worker_logs(data: dict, print_file: Any, ignore_prefix: bool = False) -> None:
+        if data.get("pid") != "raylet":
+            printer(data, print_file, ignore_prefix)
+
+    print_worker_logs.drops_raylet_lines = True
+    ray_worker.print_worker_logs = print_worker_logs
 
 
 def _check_reachable(address: str) -> None:
@@ -114,11 +133,16 @@ def _gpus(accelerator_type: str | None) -> int:
     return total
 
 
-def plan_workers(workers: int | None, accelerator_type: str | None) -> WorkerPlan:
+def plan_workers(workers: int | None, accelerator_type: str | None, max_workers: int | None = None,
+                 jobs: int = 0) -> WorkerPlan:
     """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs.
+    With `max_workers`, GPU workers for min(`jobs`, `max_workers`) whatever GPUs the cluster has now: the
+    workers still waiting for a GPU are the demand Ray's autoscaler adds nodes for.
 
     # Raises: ClusterError when asked for a GPU type or count the cluster does not have.
     """
+    if max_workers:
+        return WorkerPlan(min(jobs, max_workers), 1, 1, accelerator_type)
     gpus = _gpus(accelerator_type)
     if accelerator_type and not gpus:
         raise ClusterError(f"no {accelerator_type} GPUs in the cluster (--accelerator-type {accelerator_type})")
@@ -132,10 +156,10 @@ def plan_workers(workers: int | None, accelerator_type: str | None) -> WorkerPla
     return WorkerPlan(count, 0, cpus, None)
 
 
-def capacity(plan: WorkerPlan, workers: int | None) -> Capacity | None:
+def capacity(plan: WorkerPlan, workers: int | None, max_workers: int | None) -> Capacity | None:
     """The cluster's GPUs of the plan's type, counted again as nodes join mid-run, so the pool grows with them;
-    None (a fixed pool) for CPU workers and when `workers` caps the pool."""
-    if not plan.num_gpus or workers:
+    None (a fixed pool) for CPU workers and when `workers` or `max_workers` sizes the pool."""
+    if not plan.num_gpus or workers or max_workers:
         return None
     return functools.partial(_gpus, plan.accelerator_type)
 

@@ -34,6 +34,7 @@ STATE_FORMAT = 1
 class SubmitOptions:
     address: str | None = None  # an existing cluster; None starts an embedded one
     workers: int | None = None  # CPU workers without GPUs; at most this many GPU workers with them
+    max_workers: int | None = None  # autoscaling: GPU workers for min(jobs, this); idle ones stop once none is queued
     accelerator_type: str | None = None  # e.g. B200: only GPUs of this type
     force: bool = False  # render jobs that are already done
     only: frozenset[str] | None = None  # job keys to consider (`farm retry`); None = all
@@ -141,14 +142,16 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
     log = RunLog(storage.events_path(manifest.output_root, manifest.name), report.run_id, len(todo),
                  progress=options.progress)
     try:
-        plan = cluster.plan_workers(options.workers, options.accelerator_type)
+        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, len(todo))
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
                   "root": manifest.output_root}
-        settings = Settings(options.init_failure_budget, options.start_timeout)
+        settings = Settings(options.init_failure_budget, options.start_timeout,
+                            release_idle=options.max_workers is not None)
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
                  workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
         scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
-                              settings, log, RunMetrics(manifest.name), cluster.capacity(plan, options.workers))
+                              settings, log, RunMetrics(manifest.name),
+                              cluster.capacity(plan, options.workers, options.max_workers))
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted
         log.emit("run_finished", **_counts(report))

@@ -22,7 +22,7 @@ from tqdm import tqdm
 _FINAL = {"job_done", "job_failed"}
 # Events worth a warning in the console log.
 _WARNINGS = {"job_failed", "job_retry", "job_timeout", "worker_lost", "worker_init_failed", "worker_retired",
-             "worker_on_cpu"}
+             "worker_on_cpu", "node_lost"}
 
 
 class _TqdmStream:

@@ -24,11 +24,14 @@ class RunMetrics:
         self._retried = Counter("farm_jobs_retried", "Attempts requeued after a failure or timeout", tag_keys=keys)
         self._queue = Gauge("farm_queue_depth", "Jobs waiting for a worker", tag_keys=keys)
         self._busy = Gauge("farm_busy_workers", "Workers rendering a job right now", tag_keys=keys)
+        self._wanted = Gauge("farm_workers_wanted", "Workers the run asks the cluster for", tag_keys=keys)
+        self._ready = Gauge("farm_workers_ready", "Workers started and holding their GPU", tag_keys=keys)
         self._job = Histogram("farm_job_seconds", "Wall time of one attempt, dispatch to result",
                               boundaries=_JOB_SECONDS, tag_keys=keys)
         self._step = Histogram("farm_step_seconds", "Wall time of one denoising step (both CFG passes)",
                                boundaries=_STEP_SECONDS, tag_keys=keys)
-        for metric in (self._done, self._failed, self._retried, self._queue, self._busy, self._job, self._step):
+        for metric in (self._done, self._failed, self._retried, self._queue, self._busy, self._wanted, self._ready,
+                       self._job, self._step):
             metric.set_default_tags(tags)
 
     def job_done(self, seconds: float, step_seconds: list[float]) -> None:
@@ -46,6 +49,10 @@ class RunMetrics:
     def load(self, queued: int, busy: int) -> None:
         self._queue.set(queued)
         self._busy.set(busy)
+
+    def pool(self, wanted: int, ready: int) -> None:
+        self._wanted.set(wanted)
+        self._ready.set(ready)
 
 
 class WorkerProgress:

@@ -28,7 +28,11 @@ Failure policies (reference/farm-anchors.md §6):
   attempt it held with it: that one goes back to pending as if never dispatched, its half-written files removed;
 - Ctrl-C kills the workers and puts in-flight jobs back as pending: nothing half-written is kept.
 
-The pool grows while jobs are pending: GPUs of nodes that join mid-run get workers of their own (`capacity`).
+The pool grows while jobs are pending: GPUs of nodes that join mid-run get workers of their own (`capacity`),
+never more than the jobs pending. On a cluster that autoscales (`release_idle`) the pool's actors are the demand:
+Ray's autoscaler adds nodes for the ones still waiting for a GPU, and once no job is left to take, an idle worker
+is stopped so its node can go. A node Ray marks dead is reported in one `node_lost` event: the workers and jobs
+it took with it.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ class Settings:
     init_failure_budget: int | None  # worker starts that may fail in one run; None: one per worker slot
     start_timeout: float = 900.0  # seconds for a worker to load its model; longer counts as a failed start
     poll: float = 1.0  # longest single wait, so deadlines are checked while nothing finishes
-    grow_every: float = 5.0  # seconds between looks at the cluster for GPUs that joined (one GCS call each)
+    grow_every: float = 5.0  # seconds between looks at the cluster for nodes that joined or died (a GCS call each)
+    release_idle: bool = False  # stop idle workers once no job is pending, so an autoscaler can remove their nodes
 
 
 @dataclass(eq=False)
@@ -76,6 +81,7 @@ class Slot:
     failed_jobs: set[str] = field(default_factory=set)  # different jobs failed since its last success
     failed_starts: int = 0  # in a row
     retired: bool = False
+    released: bool = False  # stopped while idle with no job left for it; started again if a job comes back
 
 
 @dataclass(eq=False)
@@ -86,6 +92,14 @@ class Attempt:
     started: float  # monotonic
     deadline: float  # monotonic: the job's timeout covers its render and its publish
     publishing: bool = False  # rendered; its worker publishes it (and may render the next job meanwhile)
+
+
+@dataclass
+class NodeLoss:
+    """What a dead node took with it, gathered as its workers' results fail, until Ray marks it dead."""
+
+    slots: set[int] = field(default_factory=set)
+    jobs: int = 0  # attempts requeued (or failed for good) because their worker died with the node
 
 
 @dataclass
@@ -137,6 +151,10 @@ class Scheduler:
         self.failed_starts = 0
         self.last_retired = ""  # why the last worker was retired: the cause a stranded job reports
         self.interrupted = False
+        self.node_losses: dict[str, NodeLoss] = {}  # node id -> its losses, until `node_lost` reports them
+        self.reported_nodes: set[str] = set()
+        self.next_node_check = 0.0  # monotonic
+        self.pool = (0, 0)  # workers wanted and ready, as last reported
 
     def run(self) -> dict[str, Outcome]:
         """Renders every job it can; returns each job's outcome. Ctrl-C ends it early (`interrupted`)."""
@@ -145,7 +163,10 @@ class Scheduler:
                 self._start(slot)
             while (self.pending or self.inflight) and self.log.fault is None:  # a full disk ends the run
                 self._grow()
+                self._watch_nodes()
                 self._dispatch()
+                self._release_idle()
+                self._report_pool()
                 if not self.inflight and not self.starting:
                     self._abandon("no worker left to run it (all retired or failed to start); "
                                   f"last: {self.last_retired}")
@@ -158,6 +179,7 @@ class Scheduler:
         finally:
             self._stop_workers()
             self.metrics.load(len(self.pending), 0)
+            self._report_pool(stopped=True)
         return self.outcomes
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -182,7 +204,7 @@ class Scheduler:
 
     def _next_job_for(self, slot: Slot) -> Job | None:
         """The highest-ranked job this worker may take: one it has not failed, unless every live worker has."""
-        live = {s.index for s in self.slots if not s.retired}
+        live = {s.index for s in self.slots if not s.retired and not s.released}
         for i, job in enumerate(self.pending):
             avoid = self.avoid.get(job.key, set())
             if slot.index not in avoid or live <= avoid:
@@ -199,6 +221,11 @@ class Scheduler:
 
     def _requeue(self, job: Job) -> None:
         bisect.insort(self.pending, job, key=_rank)
+        released = next((s for s in self.slots if s.released), None)
+        if released is not None and not self.idle:  # a job came back after the pool shrank: a worker for it
+            released.released = False
+            self.log.emit("worker_added", slot=released.index)
+            self._start(released)
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -239,6 +266,7 @@ class Scheduler:
                 self._attempt_failed(attempt, describe(err), worker_lost=False, blamed=blamed)
             return
         except RayError as err:  # the worker died: a crash, the OOM killer, a lost node
+            self._count_node_loss(attempt.slot)
             render = self._render_on(attempt.slot) if attempt.publishing else None
             if render is not None:  # renders crash workers (CUDA, memory), publishes hardly: it takes the blame
                 self.inflight[ref] = attempt  # and this publish is the restart's bystander
@@ -354,6 +382,56 @@ class Scheduler:
         slot.started = time.monotonic()
         self.starting[slot.actor.ready.remote()] = slot
 
+    def _count_node_loss(self, slot: Slot) -> None:
+        """The worker on `slot` died with every attempt it held: counted against its node, in case the node died."""
+        node = slot.identity.get("node")
+        if node is None or node in self.reported_nodes:
+            return
+        loss = self.node_losses.setdefault(node, NodeLoss())
+        loss.slots.add(slot.index)
+        loss.jobs += 1 + len(self._held_by(slot))  # the failed attempt was popped; the rest go with it
+
+    def _watch_nodes(self) -> None:
+        """Reports each node Ray has marked dead that held this run's workers, once, in one `node_lost` event, and
+        restarts its idle workers before a job is sent to them (their jobs in flight fail on their own)."""
+        now = time.monotonic()
+        if now < self.next_node_check:
+            return
+        self.next_node_check = now + self.settings.grow_every
+        dead = {node["NodeID"] for node in ray.nodes() if not node["Alive"]} - self.reported_nodes
+        for node in dead:
+            loss = self.node_losses.pop(node, NodeLoss())
+            on_it = [s for s in self.slots if s.identity.get("node") == node and not s.retired and not s.released]
+            loss.slots.update(s.index for s in on_it)
+            if not loss.slots:
+                continue  # none of this run's workers were there
+            self.reported_nodes.add(node)
+            loss.jobs += sum(1 for a in self.inflight.values() if a.slot in on_it)
+            for slot in [s for s in on_it if s in self.idle]:
+                self._restart(slot)
+            self.log.emit("node_lost", node=node, workers=len(loss.slots), jobs=loss.jobs)
+
+    def _release_idle(self) -> None:
+        """With no job left to take, an idle worker is stopped, so its GPU (and, once all are, its node) goes back
+        to the cluster; the workers still rendering keep theirs."""
+        if not self.settings.release_idle or self.pending:
+            return
+        for slot in [s for s in self.idle if not self._held_by(s)]:
+            self.idle.remove(slot)
+            ray.kill(slot.actor, no_restart=True)
+            slot.actor, slot.released = None, True
+            self.log.emit("worker_released", slot=slot.index, node=slot.identity.get("node"))
+
+    def _report_pool(self, stopped: bool = False) -> None:
+        """How many workers the run wants (slots not retired or released) and has (ready), none once `stopped`: an
+        event when either changes, and the dashboard's gauges."""
+        wanted = 0 if stopped else sum(not s.retired and not s.released for s in self.slots)
+        pool = (wanted, 0 if stopped else wanted - len(self.starting))
+        if pool != self.pool:
+            self.pool = pool
+            self.log.emit("workers", wanted=pool[0], ready=pool[1])
+            self.metrics.pool(*pool)
+
     def _grow(self) -> None:
         """Starts a worker for every GPU beyond the slots this run has had. Retired slots count, so a bad GPU
         is not refilled, and so do slots whose node was lost: their restarted actors are waiting for a GPU,
@@ -362,7 +440,7 @@ class Scheduler:
         if self.capacity is None or not self.pending or now < self.next_growth_check:
             return
         self.next_growth_check = now + self.settings.grow_every
-        for index in range(len(self.slots), self.capacity()):
+        for index in range(len(self.slots), min(self.capacity(), len(self.slots) + len(self.pending))):
             slot = Slot(index)
             self.slots.append(slot)
             self.log.emit("worker_added", slot=index)

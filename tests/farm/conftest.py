@@ -1,4 +1,4 @@
-"""Fixtures shared by the farm's tests."""
+"""Fixtures shared by the farm's tests: `farm` children and `ray start` clusters, each killed after the test."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.farm.ray_nodes import RayNodes
 
 REPO = Path(__file__).parents[2]
 
@@ -38,3 +40,14 @@ def farm() -> Iterator[Callable[..., subprocess.Popen]]:
         if child.poll() is None:
             child.kill()
         child.communicate(timeout=60)
+
+
+@pytest.fixture
+def nodes():
+    """A cluster of `ray start` processes; the test starts its head and nodes, and all are killed after it,
+    whatever it did."""
+    cluster = RayNodes()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,24 @@ def publish(job, *, run: str, attempt: int = 1, data: bytes = b"video bytes") ->
 def output_files(root: Path) -> list[str]:
     """Every file under an output root except the farm's own records, relative and sorted."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".farm" not in p.parts)
+
+
+def wait_while_running(condition, run: subprocess.Popen, what: str, seconds: float = 120) -> None:
+    """Returns once `condition()` holds; fails if `run` (a `farm submit` with its stderr piped) ends first, with
+    its stderr's tail, or after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert run.poll() is None, f"{what} did not happen: the run ended\n{run.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:g}s"
+        time.sleep(0.1)
+
+
+def assert_every_job_done_once(root: Path, jobs: list[dict]) -> None:
+    """Each job of a manifest written by `write_manifest` (one seed each) is done: its media and sidecar, nothing
+    else, no temp file."""
+    assert {entry["state"] for entry in state(root)["jobs"].values()} == {"done"}
+    media = sorted(f"test/{job['id']}_s0.mp4" for job in jobs)
+    assert output_files(root) == sorted(media + [m + ".json" for m in media]) and not temp_files(root)
 
 
 def temp_files(root: Path) -> list[str]:

@@ -33,6 +33,8 @@ EXPECTED_METRICS = {
     "ray_farm_step_seconds_count": 12.0,  # 3 jobs x 4 fake steps
     "ray_farm_queue_depth": 0.0,
     "ray_farm_busy_workers": 0.0,
+    "ray_farm_workers_wanted": 0.0,
+    "ray_farm_workers_ready": 0.0,
 }
 
 

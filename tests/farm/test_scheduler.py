@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,6 +135,53 @@ def test_a_publish_past_its_timeout_takes_the_render_beside_it_back_to_the_queue
     assert [e["key"] for e in requeued] == ["clip@1"] and "clip@0 timed out" in requeued[0]["error"]
     attempts = {seed: json.loads((root / f"test/clip_s{seed}.mp4.json").read_text())["attempt"] for seed in (0, 1)}
     assert attempts == {0: 2, 1: 1}
+
+
+def test_with_max_workers_an_idle_worker_stops_once_the_queue_is_empty_and_a_job_coming_back_gets_one(tmp_path):
+    """`--max-workers`: `quick` done and nothing pending, its worker is released; then `held`'s worker dies
+    (killed here, its gate still shut), so `held` comes back to the queue and a worker is started for it."""
+    gate = tmp_path / "gate"
+    jobs = [{"id": "held", "prompt": f"wait-for {gate}"}, {"id": "quick", "prompt": "fine"}]
+    root = tmp_path / "out"
+
+    released = threading.Event()
+
+    def kill_held_worker_once_the_other_is_released() -> None:
+        deadline = time.monotonic() + 120
+        try:
+            while not any(e["event"] == "worker_released" for e in _events_so_far(root)):
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+            released.set()
+            logged = _events_so_far(root)
+            slot = next(e["slot"] for e in logged if e["event"] == "job_started" and e["key"] == "held")
+            os.kill(next(e["pid"] for e in logged if e["event"] == "worker_ready" and e["slot"] == slot),
+                    signal.SIGKILL)
+        finally:
+            gate.touch()  # for the next attempt (the killed worker never sees it), or to end a run gone wrong
+
+    killer = threading.Thread(target=kill_held_worker_once_the_other_is_released)
+    killer.start()
+    try:
+        report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path), max_workers=GPUS + 1)
+    finally:
+        killer.join()
+
+    assert released.is_set(), "no worker was released once the queue was empty"
+    assert report.ok and report.outcomes["held"].attempts == 2 and report.outcomes["quick"].attempts == 1
+    logged = [(e["event"], e.get("slot")) for e in events(root)]
+    released = next(slot for event, slot in logged if event == "worker_released")
+    assert logged.index(("worker_released", released)) < logged.index(("worker_added", released))
+    pools = [(e["wanted"], e["ready"]) for e in events(root) if e["event"] == "workers"]
+    assert pools[0] == (2, 0) and (2, 2) in pools and (1, 1) in pools  # min(2 jobs, max_workers), then one released
+
+
+def _events_so_far(root: Path) -> list[dict]:
+    """The events written whole so far (the driver may be writing the last line)."""
+    path = root / ".farm/test/events.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []
+    return [json.loads(line) for line in lines]
 
 
 def test_always_failing_job_ends_failed_with_its_error_and_the_exit_code_is_not_zero(tmp_path, capsys):

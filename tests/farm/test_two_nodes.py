@@ -6,13 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from ray.cluster_utils import Cluster
 
-from tests.farm.helpers import events, output_files, started_on, state, temp_files, write_manifest
+from tests.farm.helpers import assert_every_job_done_once, events, started_on, wait_while_running, write_manifest
 
 REPO = Path(__file__).parents[2]
 JOBS = [{"id": f"clip{i}", "prompt": f"shot {i}"} for i in range(6)]  # ~1 s each with 100 fake steps
@@ -36,19 +35,6 @@ def _submit(path: Path, cluster: Cluster | None) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_until(condition, run: subprocess.Popen, what: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline and run.poll() is None, f"{what} did not happen"
-        time.sleep(0.1)
-
-
-def _assert_every_job_done_once(root: Path, jobs: list[dict]) -> None:
-    assert {entry["state"] for entry in state(root)["jobs"].values()} == {"done"}
-    media = sorted(f"test/{job['id']}_s0.mp4" for job in jobs)
-    assert output_files(root) == sorted(media + [m + ".json" for m in media]) and not temp_files(root)
-
-
 def test_a_node_removed_mid_run_loses_no_render_and_duplicates_none(cluster, tmp_path):
     second = cluster.add_node(num_cpus=2, num_gpus=1)
     cluster.wait_for_nodes(timeout=60)
@@ -56,13 +42,13 @@ def test_a_node_removed_mid_run_loses_no_render_and_duplicates_none(cluster, tmp
     root = tmp_path / "out"
     run = _submit(path, cluster)
 
-    _wait_until(lambda: started_on(root, second.node_id), run, "a job reaching the second node")
+    wait_while_running(lambda: started_on(root, second.node_id), run, "a job reaching the second node")
     lost = started_on(root, second.node_id)[-1]
     cluster.remove_node(second, allow_graceful=False)
     _, err = run.communicate(timeout=180)
 
     assert run.returncode == 0, err
-    _assert_every_job_done_once(root, JOBS)
+    assert_every_job_done_once(root, JOBS)
     kinds = [e["event"] for e in events(root)]
     assert "worker_lost" in kinds
     sidecar = json.loads((root / f"test/{lost}_s0.mp4.json").read_text())
@@ -77,7 +63,7 @@ def test_a_node_added_mid_run_takes_jobs_from_the_running_manifest(cluster, tmp_
     run = _submit(path, cluster)
     head = cluster.head_node.node_id
 
-    _wait_until(lambda: started_on(root, head), run, "a job starting on the head")
+    wait_while_running(lambda: started_on(root, head), run, "a job starting on the head")
     joined = cluster.add_node(num_cpus=2, num_gpus=1)
     try:
         _, err = run.communicate(timeout=180)
@@ -85,7 +71,7 @@ def test_a_node_added_mid_run_takes_jobs_from_the_running_manifest(cluster, tmp_
         cluster.remove_node(joined)
 
     assert run.returncode == 0, err
-    _assert_every_job_done_once(root, jobs)
+    assert_every_job_done_once(root, jobs)
     assert [e["slot"] for e in events(root) if e["event"] == "worker_added"] == [1]
     on_joined = started_on(root, joined.node_id)
     assert on_joined, "the node that joined mid-run rendered nothing"
