@@ -435,9 +435,10 @@ class Cosmos3Pipeline:
         )
 
     def _step_cache(self, plan: RenderPlan, scheduler) -> StepCache | None:
-        """The job's step cache: clips on the base sampler only. A still's steps are few and launch-bound (its
-        cached step saves little) and a distilled schedule has four, re-noised (benchmarks/results/cpu-step-cache.md).
-        A step policy's W8A16 edge steps are always computed."""
+        """The job's step cache: clips on the base sampler only. A graphed still's cached step runs its embedding,
+        readout and indicator eagerly, a fifth of a computed step's time on the H200 (a clip's: 0.2%;
+        benchmarks/results/h200-step-cache.md); a distilled schedule has four steps, re-noised. A step policy's
+        W8A16 edge steps are always computed."""
         if self.cache is None or not plan.is_video or self.recipe.is_distilled:
             return None
         n = len(scheduler.timesteps)
