@@ -173,14 +173,29 @@ def test_the_gate_caps_consecutive_cached_steps_and_keeps_edge_steps():
     assert gate_trajectory(cache, [0.01] * 10) == [True, True, False, False, True, True, False, False, True, True]
 
 
-def test_a_cached_step_extrapolates_the_last_two_residuals_linearly():
+@pytest.mark.parametrize("order,expected", [(1, 3.0), (0, 2.0)])
+def test_a_cached_step_extrapolates_the_last_two_residuals_linearly(order, expected):
+    settings = SeaCacheSettings(threshold=10.0, max_consecutive=0, retention_steps=3, residual_order=order)
+    cache = StepCache(settings, [0.5] * 6)
+    assert gate_trajectory(cache, [0.01] * 4) == [True, True, True, False]  # residuals 0, 1, 2 kept; step 3 cached
+    # order 1: 2 + (2 - 1) * (3 - 2) / (2 - 1); order 0: the last one
+    torch.testing.assert_close(cache.residual(0), torch.full((5, 2), expected))
+
+
+def test_a_branch_that_skipped_a_step_computes_before_it_is_cached_again():
+    """CFG off for a step (outside a guidance interval) drops the uncond branch's residuals, as diffusers' gate
+    restarts a trajectory with a gap; the next step running it computes."""
     cache = StepCache(SeaCacheSettings(threshold=10.0, max_consecutive=0), [0.5] * 6)
-    gate_trajectory(cache, [0.01] * 3)  # computed 0, cached 1 (one residual: reused), cached 2
-    assert cache.computed == [True, False, False]
-    cache = StepCache(SeaCacheSettings(threshold=0.0, max_consecutive=0), [0.5] * 6)
-    gate_trajectory(cache, [0.01] * 3)  # every step computed: residuals 1 and 2 kept
-    cache._step = 5
-    torch.testing.assert_close(cache.residual(0), torch.full((5, 2), 5.0))  # 2 + (2 - 1) * (5 - 2) / (2 - 1)
+    stack = (torch.zeros(5, 2), torch.ones(5, 2))
+    latents = torch.ones(2, 3, 4, 4)
+    decisions = []
+    for step, branches in enumerate([(0, 1), (0, 1), (0,), (0, 1), (0, 1)]):
+        compute = cache.decide(step, latents, branches)
+        for branch in branches:
+            if compute:
+                cache.record(branch, stack)
+        decisions.append(compute)
+    assert decisions == [True, False, False, True, False]
 
 
 def test_the_sea_filter_is_unit_mean_and_keeps_a_constant_field():
