@@ -292,7 +292,8 @@ class GenGraphs:
         torch._foreach_copy_(static, live)
         captured.graph.replay()
         out = captured.out
-        return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
+        # The stack's tensors stay the graph's: a step cache takes their difference before the next replay.
+        return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone(), out.stack)
 
     def _bucket_slot(self, base: tuple, cache: UndCache) -> tuple:
         """The key of the bucket graph that serves ``cache``: the one holding its K/V; else one whose K/V's prompt

@@ -112,7 +112,7 @@ def export_fp8(
         raise ValueError("calibration needs at least one render request")
     velocity = DiffusersVelocity(load_diffusers_transformer(src / "transformer").to(device),
                                  Cosmos3Config.from_json(src / "transformer" / "config.json"))
-    pipe = Cosmos3Pipeline.from_pretrained(src, device=device, model=velocity)
+    pipe = Cosmos3Pipeline.from_pretrained(src, device=device, model=velocity, cache="off")
 
     def forward_loop(model) -> None:
         velocity.model = model

@@ -4,7 +4,7 @@ without torch.
 ``cosmos3.loader`` calls ``resolve()`` before it builds a model; the farm calls ``problems()`` on a
 manifest's ``model`` section, so both refuse the same options with the same words. Each problem names
 the option it is about (``precision``, ``step_precision``, ``parallel.<axis>``, ``attention``, ``fp8_accumulation``,
-``lora``), or
+``cache[.<parameter>]``, ``lora``), or
 ``checkpoint`` when the checkpoint itself cannot be run.
 """
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from cosmos3.attention_choice import attention_problem
+from cosmos3.cache_options import DEFAULT_CACHE, cache_problems
 from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import ConfigError, Problem
 from cosmos3.step_precision import StepPolicy, resolve_policy
@@ -42,6 +43,7 @@ class LoadOptions:
     parallel: dict[str, int] | None = None  # the axes the caller intends; static FP8 refuses any above 1
     attention: str = "auto"  # cosmos3.attention_choice: auto | bf16 | fp8 (the device is checked at load)
     fp8_accumulation: str = "fast"  # FP8_ACCUMULATIONS; FP8 GEMMs only (a BF16 run has none)
+    cache: Any = DEFAULT_CACHE  # the step cache: off | seacache | {method: seacache, ...} (cosmos3.cache_options)
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ def _check(config: Cosmos3Config, options: LoadOptions, lora: object) -> tuple[R
     if options.fp8_accumulation not in FP8_ACCUMULATIONS:
         found.append(("fp8_accumulation", f"must be one of {', '.join(FP8_ACCUMULATIONS)}, "
                                           f"got {options.fp8_accumulation!r}"))
+    found += cache_problems(options.cache)
     # A bad policy inside the checkpoint names the checkpoint; a bad override names step_precision.
     for field, read in (("checkpoint", lambda: resolve_policy(config.quantization, "auto")),
                         ("step_precision", lambda: resolve_policy(config.quantization, options.step_precision))):

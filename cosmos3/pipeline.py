@@ -1,8 +1,9 @@
 """Cosmos3 render pipeline: T2I / T2V / I2V / V2V from a checkpoint in the published layout.
 
 One job runs: prompt -> token ids (both CFG branches) -> UND tower once per branch (cached K/V)
--> denoising loop (step precision chosen once per step, then the cond and uncond passes, CFG,
-scheduler update, conditioned latent frames re-pinned) -> VAE decode -> ``uint8 [T, H, W, 3]``.
+-> denoising loop (step precision chosen once per step, the step cache's decision (cosmos3.step_cache: run the
+GEN decoder stack, or reuse its residual), then the cond and uncond passes, CFG, scheduler update, conditioned
+latent frames re-pinned) -> VAE decode -> ``uint8 [T, H, W, 3]``.
 With sound (a ``sound_gen`` checkpoint with a ``sound_tokenizer/``), sound latents ride in the same
 GEN passes, get the same guidance and their own scheduler, and decode to a float waveform.
 
@@ -31,6 +32,7 @@ import torch
 from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
+from cosmos3.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
 from cosmos3.checkpoint_header import check_sound_dir, transformer_dir
 from cosmos3.config import CHECKPOINT_COMPONENTS, SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.cuda_graphs import enable_cuda_graphs
@@ -47,6 +49,7 @@ from cosmos3.request import (
     resolve,
 )
 from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
+from cosmos3.step_cache import StepCache
 from cosmos3.timing import Clock, MemoryProbe, StepTimes
 from cosmos3.vae import VAEBuild, WanVAE
 
@@ -134,8 +137,10 @@ class Cosmos3Pipeline:
         dtype: torch.dtype,
         sound: SoundSupport | None = None,
         sound_tokenizer: BackgroundBuild[SoundTokenizer] | None = None,
+        cache: SeaCacheSettings | None = None,
     ):
         self.model = model
+        self.cache = cache  # the step cache clips run (None: every step computes)
         self._vae = vae
         self.tokenizer = tokenizer
         self.recipe = recipe
@@ -181,6 +186,7 @@ class Cosmos3Pipeline:
         attention: str = "auto",
         fp8_accumulation: str = "fast",
         parallel: dict[str, int] | None = None,
+        cache: object = DEFAULT_CACHE,
         cuda_graphs: bool = True,
         model=None,
         vae_load: VAELoad = "eager",
@@ -191,8 +197,9 @@ class Cosmos3Pipeline:
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``, ``step_precision``,
         ``attention``, ``fp8_accumulation`` and ``parallel`` are ``cosmos3.load_options.LoadOptions`` (checked by
-        ``load_transformer``). ``model``: a transformer to drive instead of loading ours (FP8
-        calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop).
+        ``load_transformer``). ``cache``: the step cache clips run (``off``, ``seacache`` or its parameters,
+        cosmos3.cache_options; checked first). ``model``: a transformer to drive instead of loading ours (FP8
+        calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop, uncached).
 
         The text tokenizer loads in a thread, and the VAE builds in another started after it, both before the
         transformer loads, so transformers' and diffusers' imports overlap the checkpoint read (and the tokenizer's
@@ -208,6 +215,7 @@ class Cosmos3Pipeline:
         the weights' header), as ``farm validate`` checks it.
         """
         root = Path(checkpoint_dir)
+        cache_settings = parse_cache(cache)
         _check_layout(root)
         if vae_load not in VAE_LOADS:
             raise ValueError(f"vae_load={vae_load!r}: expected one of {', '.join(VAE_LOADS)}")
@@ -256,6 +264,7 @@ class Cosmos3Pipeline:
             dtype=dtype,
             sound=sound,
             sound_tokenizer=sound_tokenizer,
+            cache=cache_settings,
         )
         if vae_load == "eager":
             for build in pipe._decoders():
@@ -298,18 +307,32 @@ class Cosmos3Pipeline:
         shape = (self.sound.config.sound_dim, plan.sound_frames)
         return vision, torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
 
-    def _velocity(self, latents, sound, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning):
+    def _velocity(self, latents, sound, t: float, guidance: float, branches, plan: RenderPlan, cond: Conditioning,
+                  cache: StepCache | None, step: int):
         """CFG velocities in fp32, vision ``[C, T', H', W']`` and sound ``[sound_dim, T_s]`` (or None).
 
-        The cond pass, then the uncond pass if ``guidance != 1``; both streams mix with the same guidance.
+        The cond pass, then the uncond pass if ``guidance != 1``; both streams mix with the same guidance. With a
+        step ``cache``, its decision for the step holds for both passes.
         """
         kwargs = {"fps": plan.fps if plan.is_video else None, "condition_frames": cond.frames,
                   "sound_latents": None if sound is None else sound.to(self.dtype)}
         x = latents.to(self.dtype)
-        out = self.model(branches[0].ids, x, t, und_cache=branches[0].cache, **kwargs)
+        running = (0,) if guidance == 1.0 else (0, 1)
+        compute = cache is None or cache.decide(step, x, running)
+
+        def run(branch: int):
+            if not compute:
+                return self.model(branches[branch].ids, x, t, und_cache=branches[branch].cache,
+                                  stack_residual=cache.residual(branch), **kwargs)
+            out = self.model(branches[branch].ids, x, t, und_cache=branches[branch].cache, **kwargs)
+            if cache is not None:
+                cache.record(branch, out.stack)
+            return out
+
+        out = run(0)
         v, v_sound = out.vision.float(), None if out.sound is None else out.sound.float()
         if guidance != 1.0:
-            out = self.model(branches[1].ids, x, t, und_cache=branches[1].cache, **kwargs)
+            out = run(1)
             v = out.vision.float() + guidance * (v - out.vision.float())
             if v_sound is not None:
                 v_sound = out.sound.float() + guidance * (v_sound - out.sound.float())
@@ -346,6 +369,7 @@ class Cosmos3Pipeline:
         timesteps = scheduler.timesteps
         times = [float(t) for t in timesteps.tolist()]  # read from the device once, not once a step
         guidances = [guidance_at(t, plan.guidance, plan.guidance_interval) for t in times]
+        cache = self._step_cache(plan, scheduler)
         # Two UND caches, as cond and uncond texts differ; the uncond one only if some step runs CFG.
         und_start = clock()
         branches = (
@@ -371,7 +395,7 @@ class Cosmos3Pipeline:
         step_times.mark()
         for i, t in enumerate(timesteps):
             self.model.set_denoising_step(i, n)  # once, before both CFG passes
-            v, v_sound = self._velocity(latents, sound, times[i], guidances[i], branches, plan, cond)
+            v, v_sound = self._velocity(latents, sound, times[i], guidances[i], branches, plan, cond, cache, i)
             latents = cond.pin(scheduler_step(scheduler, v, t, latents, generator))
             if sound is not None:
                 sound = scheduler_step(sound_scheduler, v_sound, t, sound, generator)
@@ -404,12 +428,24 @@ class Cosmos3Pipeline:
             "total": end - start,
         }
         return RenderOutput(
-            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler),
+            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler, cache),
             memory={**memory.report(), "vae_decode_tiled": vae.last_decode_tiled},
             sound=waveform, sampling_rate=None if waveform is None else self.sound.config.sampling_rate,
         )
 
-    def _info(self, plan: RenderPlan, scheduler) -> dict:
+    def _step_cache(self, plan: RenderPlan, scheduler) -> StepCache | None:
+        """The job's step cache: clips on the base sampler only. A graphed still's cached step runs its embedding,
+        readout and indicator eagerly, a fifth of a computed step's time on the H200 (a clip's: 0.2%;
+        benchmarks/results/h200-step-cache.md); a distilled schedule has four steps, re-noised. A step policy's
+        W8A16 edge steps are always computed."""
+        if self.cache is None or not plan.is_video or self.recipe.is_distilled:
+            return None
+        n = len(scheduler.timesteps)
+        controller = getattr(self.model, "step_controller", None)
+        edges = frozenset() if controller is None else frozenset(controller.policy.a16_steps(n))
+        return StepCache(self.cache, [float(s) for s in scheduler.sigmas[:n].tolist()], edges)
+
+    def _info(self, plan: RenderPlan, scheduler, cache: StepCache | None) -> dict:
         return {
             "task": plan.task,
             "precision": self.model.precision,
@@ -418,6 +454,8 @@ class Cosmos3Pipeline:
             "attention": self.model.attention.describe(self.device),
             # which graphs the job's passes replayed or captured (cuda_graphs.JobGraphs); None where none are
             "cuda_graphs": None if self.model.cuda_graphs is None else asdict(self.model.cuda_graphs.job),
+            # the step cache's settings and which steps it computed and cached; None where every step computed
+            "cache": None if cache is None else cache.report(),
             "checkpoint": self.checkpoint,
             "scheduler": type(scheduler).__name__,
             "flow_shift": plan.flow_shift,

@@ -66,6 +66,10 @@ class GenLayout:
 class GenOutput:
     vision: torch.Tensor  # velocity [C, T, H, W], zero at condition frames
     sound: torch.Tensor | None = None  # velocity [sound_dim, T_s]
+    # The decoder stack's input and its normed output, each [N_gen, H]: what a step cache keeps the difference of
+    # (cosmos3.step_cache). From a CUDA graph they are its buffers, overwritten by its next replay. None when the
+    # stack did not run (a cached step).
+    stack: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class DecoderLayer(nn.Module):
@@ -225,10 +229,13 @@ class Cosmos3Transformer(nn.Module):
         condition_frames: Iterable[int] = (),
         sound_latents: torch.Tensor | None = None,
         und_cache: UndCache | None = None,
+        stack_residual: torch.Tensor | None = None,
     ) -> GenOutput:
         """One denoising evaluation. ``latents`` ``[C, T, H, W]``; ``sound_latents`` ``[sound_dim, T_s]``.
 
-        Without ``und_cache`` the UND tower is recomputed from ``input_ids`` (equal results).
+        Without ``und_cache`` the UND tower is recomputed from ``input_ids`` (equal results). With
+        ``stack_residual`` ``[N_gen, H]`` the decoder stack does not run: its output is its input plus that
+        residual (a step cache's cached step; eager, a few small kernels).
         """
         if und_cache is None:
             und_cache = self.encode_text(input_ids)
@@ -240,6 +247,9 @@ class Cosmos3Transformer(nn.Module):
         if sound_latents is not None:
             sound_latents = sound_latents.to(self.device, self.dtype)
         step_t = self._timestep_tensor(timestep)
+        if stack_residual is not None:
+            x = self._embed(layout, latents, step_t, sound_latents)
+            return self._read(layout, x + stack_residual, sound_latents is not None)
         if self.cuda_graphs is not None:
             return self.cuda_graphs.run(layout, latents, step_t, und_cache, sound_latents)
         return self.gen(layout, latents, step_t, und_cache, sound_latents)
@@ -285,32 +295,41 @@ class Cosmos3Transformer(nn.Module):
     def gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, und_cache: UndCache,
             sound_latents: torch.Tensor | None = None) -> GenOutput:
         """The GEN tower on device tensors only (no host reads: CUDA-graph capturable)."""
-        c, t, h, w = layout.latent_shape
-        p = self.config.latent_patch_size
-        _, hp, wp = layout.grid
+        x_in = self._embed(layout, latents, step_t, sound_latents)  # [N_gen, H]
+        x, delta = x_in, None
+        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
+            x, delta = layer.forward_gen(x, delta, layout.cos, layout.sin, k_und, v_und, und_cache.skip)
+        _, x = residual_norm(self.norm_moe_gen, x, delta, None)
+        out = self._read(layout, x, sound_latents is not None)
+        out.stack = (x_in, x)
+        return out
 
-        # Embed vision patches; the timestep embedding goes to noisy frames only.
+    def _embed(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor,
+               sound_latents: torch.Tensor | None) -> torch.Tensor:
+        """The GEN stream ``[N_gen, H]``: vision patches, then sound; the timestep embedding on noisy tokens only."""
+        t, (_, hp, wp), p = layout.latent_shape[1], layout.grid, self.config.latent_patch_size
         patches, _ = patchify(latents, p)  # [T*Hp*Wp, p*p*C]
         tokens = self.proj_in(patches).view(t, hp * wp, -1)  # [T, Hp*Wp, H]
         t_emb = self.time_embedder(step_t * self.config.timestep_scale)[0].to(self.dtype)  # [H], fp32 inside
         tokens[layout.noisy] += t_emb
-        segments = [tokens.reshape(t * hp * wp, -1)]
-        if sound_latents is not None:  # sound tokens follow vision in the GEN stream; all are noisy
-            segments.append(self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb)
+        tokens = tokens.reshape(t * hp * wp, -1)
+        if sound_latents is None:
+            return tokens
+        # Sound tokens follow vision in the GEN stream; all are noisy.
+        return torch.cat([tokens, self.audio_proj_in(sound_latents.t()) + self.audio_modality_embed + t_emb])
 
-        x, delta = torch.cat(segments), None  # [N_gen, H]
-        for layer, k_und, v_und in zip(self.layers, und_cache.keys, und_cache.values, strict=True):
-            x, delta = layer.forward_gen(x, delta, layout.cos, layout.sin, k_und, v_und, und_cache.skip)
-        _, x = residual_norm(self.norm_moe_gen, x, delta, None)
-
-        # Read predictions at noisy vision tokens only; condition frames stay zero.
-        n_vision = segments[0].shape[0]
+    def _read(self, layout: GenLayout, x: torch.Tensor, sound: bool) -> GenOutput:
+        """Velocities from the normed stack output ``x [N_gen, H]``, read at noisy vision tokens only (condition
+        frames stay zero) and at the sound tokens."""
+        c, t, h, w = layout.latent_shape
+        _, hp, wp = layout.grid
+        n_vision = t * hp * wp
         frames = x[:n_vision].view(t, hp * wp, -1)[layout.noisy]  # [T_noisy, Hp*Wp, H]
         pred = self.proj_out(frames.reshape(-1, frames.shape[-1]))
         velocity = torch.zeros((c, t, h, w), dtype=self.dtype, device=self.device)
-        velocity[:, layout.noisy] = unpatchify(pred, (len(layout.noisy), hp, wp), p, (h, w))
-        sound_velocity = self.audio_proj_out(x[n_vision:]).t() if sound_latents is not None else None
-        return GenOutput(velocity, sound_velocity)
+        velocity[:, layout.noisy] = unpatchify(pred, (len(layout.noisy), hp, wp), self.config.latent_patch_size,
+                                               (h, w))
+        return GenOutput(velocity, self.audio_proj_out(x[n_vision:]).t() if sound else None)
 
     def velocity(self, input_ids, latents, timestep, fps=None, condition_frames=(), und_cache=None) -> torch.Tensor:
         """The public entry point: the vision velocity ``[C, T, H, W]``, zero at ``condition_frames``."""

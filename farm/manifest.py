@@ -46,7 +46,7 @@ _LOAD_OPTIONS = tuple(f.name for f in dataclasses.fields(LoadOptions))
 # Request fields a manifest spells differently: `size: [width, height]`.
 _YAML_KEY: dict[str, Path_] = {"width": ("size", 0), "height": ("size", 1)}
 # Model keys whose YAML value needs reading first: YAML 1.1 turns a bare `off` into false.
-_READ_MODEL_KEY: dict[str, fields.Checker] = {"step_precision": fields.yaml_off}
+_READ_MODEL_KEY: dict[str, fields.Checker] = {"step_precision": fields.yaml_off, "cache": fields.yaml_off}
 _INPUT_FIELDS = ("image", "video")  # file paths, resolved against the manifest's folder
 
 _TOP_KEYS = {"version": True, "name": True, "model": True, "output": True, "defaults": False, "jobs": True}

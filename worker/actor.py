@@ -37,7 +37,7 @@ class Output(Protocol):
     # seconds: {"vae_wait" (for a VAE built in the background; None where nothing is), "tokenize", "vae_encode"
     # (None without conditioning), "und", "steps": [...], "vae_decode", "total"}
     timings: dict
-    info: dict  # {"precision": ..., "fp8_accumulation": ..., "step_policy": ..., "checkpoint": {...}, ...}
+    info: dict  # {"precision": ..., "fp8_accumulation": ..., "step_policy": ..., "cache": ..., "checkpoint": ...}
     memory: dict  # peak GPU bytes, see MEMORY_FIELDS (None where they do not apply)
     sound: Any  # numpy float32 [channels, N], or None for a silent render
     sampling_rate: int | None  # Hz of `sound`
@@ -233,7 +233,7 @@ class RenderWorker:
                 manifest=self._origin, worker=self._identity,
                 checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
                 fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
-                attention=output.info.get("attention"),
+                attention=output.info.get("attention"), cache=output.info.get("cache"),
                 started=kept.started, finished=finished, **figures,
             )
             publication.json(storage.sidecar_path(job.media), record)

@@ -98,6 +98,13 @@ MODELS = [
     pytest.param(True, {"fp8_accumulation": "fast"}, id="fp8-accumulation-fast"),
     pytest.param(True, {"fp8_accumulation": "bf16"}, id="fp8-accumulation-bf16(bad)"),
     pytest.param(False, {"fp8_accumulation": None}, id="fp8-accumulation-null(bad)"),
+    pytest.param(False, {"cache": "off"}, id="cache-off"),
+    pytest.param(False, {"cache": False}, id="cache-yaml-off"),
+    pytest.param(True, {"cache": "seacache"}, id="cache-seacache"),
+    pytest.param(False, {"cache": {"method": "seacache", "threshold": 0.4, "max_consecutive": 3}}, id="cache-params"),
+    pytest.param(False, {"cache": "teacache"}, id="cache-teacache(bad)"),
+    pytest.param(False, {"cache": {"method": "seacache", "threshold": -1, "max_consecutive": 1.5}},
+                 id="cache-params(bad)"),
 ]
 
 

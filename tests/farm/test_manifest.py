@@ -85,6 +85,10 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of({**base, "prompt": "a blue circle"}) != original
     assert hash_of({**base, "seed": 1}) != original
     assert hash_of(base, model={"precision": "bf16"}) != original
+    # A cached render is another render; the default spelled out is the default.
+    assert hash_of(base, model={"cache": "seacache"}) == original
+    assert hash_of(base, model={"cache": "off"}) != original
+    assert hash_of(base, model={"cache": {"method": "seacache", "threshold": 0.4}}) != original
 
 
 def test_sound_follows_the_checkpoint_and_a_wav_sits_beside_its_mp4(tmp_path):

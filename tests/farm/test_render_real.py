@@ -115,7 +115,8 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
 def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoints, tmp_path, precision):
     _inputs(tmp_path)
     fp8 = precision == "fp8-static"
-    model = {"checkpoint": str(checkpoints[precision]), **({"fp8_accumulation": "fp32"} if fp8 else {})}
+    cache = {"method": "seacache", "threshold": 0.3, "max_consecutive": 1}
+    model = {"checkpoint": str(checkpoints[precision]), "cache": cache, **({"fp8_accumulation": "fp32"} if fp8 else {})}
     path = write_manifest(tmp_path, JOBS, model=model,
                           defaults={"size": [32, 32], "steps": 3, "frames": 9, "retries": 0})
     m = manifest.load(path)
@@ -130,6 +131,11 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
         record = json.loads(storage.sidecar_path(job.media).read_text())
         assert record["precision"] == precision
         assert record["fp8_accumulation"] == ("fp32" if fp8 else None)  # the manifest's option reached the worker
+        if job.request.task == "t2i":  # stills run every step
+            assert record["cache"] is None
+        else:  # the manifest's cache reached the worker; the sidecar says which steps it computed and cached
+            assert {k: record["cache"][k] for k in cache} == cache
+            assert sorted(record["cache"]["computed"] + record["cache"]["cached"]) == list(range(job.request.steps))
         assert record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
         assert (record["step_policy"] is not None) is (precision == "fp8-static")
         request = job.request

@@ -1,0 +1,144 @@
+"""What SeaCache costs in quality on the toy checkpoint: the demo set (manifests/demo.yaml) rendered uncached and
+with SeaCache, side by side in one run.
+
+Per render: PSNR of the cached frames against the uncached ones (same job, same seed), whether each still shows
+its prompt (``toy.measure``, which knows nothing of the model), and how many steps were cached. Then a threshold
+sweep with PSNR and steps saved side by side. Seconds are the GPU's to measure (h200-step-cache.md): the toy's
+steps on a shared CPU time nothing but noise. Stills run every step in the pipeline (``Cosmos3Pipeline._step_cache``);
+``--stills`` caches them here too, to measure what that would give.
+
+    PYTHONPATH=. python benchmarks/bench_step_cache.py [--thresholds 0.1 0.25 0.4] [--default 0.25] [--stills]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cosmos3.cache_options import parse_cache
+from cosmos3.pipeline import Cosmos3Pipeline
+from cosmos3.request import RenderRequest
+from cosmos3.step_cache import StepCache
+from farm import manifest
+from toy import measure, scenes
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR (dB) of uint8 frames ``a`` against ``b``."""
+    error = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if error == 0 else 10 * np.log10(255.0**2 / error)
+
+
+def scene_of(prompt: str) -> scenes.Scene:
+    """The toy scene whose caption is ``prompt``."""
+    for shape, colour, background in itertools.product(scenes.SHAPES, scenes.COLOURS, scenes.COLOURS):
+        for where in [{"position": p} for p in scenes.POSITIONS] + [{"motion": m} for m in scenes.MOTIONS]:
+            scene = scenes.Scene(shape, colour, background, **where)
+            if scene.caption == prompt:
+                return scene
+    raise ValueError(f"{prompt!r} is no toy scene's caption")
+
+
+@dataclass
+class Render:
+    frames: np.ndarray
+    cached: int  # steps cached
+    steps: int
+
+
+def cache_stills_too(pipe: Cosmos3Pipeline) -> None:
+    """Make ``pipe`` cache stills' steps as it caches clips' (a what-if the pipeline does not run)."""
+    def step_cache(plan, scheduler):
+        if pipe.cache is None:
+            return None
+        n = len(scheduler.timesteps)
+        edges = frozenset(pipe.model.step_controller.policy.a16_steps(n)) if pipe.model.step_controller else frozenset()
+        return StepCache(pipe.cache, [float(s) for s in scheduler.sigmas[:n].tolist()], edges)
+
+    pipe._step_cache = step_cache
+
+
+def render(pipe: Cosmos3Pipeline, cache, request: RenderRequest) -> Render:
+    pipe.cache = parse_cache(cache)
+    out = pipe(request)
+    info = out.info["cache"]
+    return Render(out.frames, 0 if info is None else len(info["cached"]), out.info["steps"])
+
+
+def run(jobs, pipe: Cosmos3Pipeline, thresholds: list[float]) -> tuple[dict, dict]:
+    """Uncached and per-threshold renders of every job: ``{key: Render}`` and ``{threshold: {key: Render}}``."""
+    uncached = {job.key: render(pipe, "off", job.request) for job in jobs}
+    cached = {th: {job.key: render(pipe, {"method": "seacache", "threshold": th}, job.request) for job in jobs}
+              for th in thresholds}
+    return uncached, cached
+
+
+def summary(jobs, uncached: dict, cached: dict) -> dict:
+    values = [psnr(cached[job.key].frames, uncached[job.key].frames) for job in jobs]
+    hits = [measure.matches(scene_of(job.request.prompt), measure.read(cached[job.key].frames)) for job in jobs]
+    steps = sum(cached[job.key].steps for job in jobs)
+    saved = sum(cached[job.key].cached for job in jobs)
+    return {"psnr": values, "median": float(np.median(values)), "min": float(min(values)),
+            "match": sum(hits) / len(hits), "saved": saved / steps, "saved_steps": saved, "steps": steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--manifest", type=Path, default=REPO / "manifests" / "demo.yaml")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.25, 0.4])
+    parser.add_argument("--default", type=float, default=0.25, help="the threshold of the per-render table")
+    parser.add_argument("--stills", action="store_true", help="cache stills' steps too (a what-if)")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    thresholds = sorted(set(args.thresholds) | {args.default})
+
+    demo = manifest.load(args.manifest)
+    options = {k: v for k, v in vars(demo.model.options).items() if k != "cache"}
+    pipe = Cosmos3Pipeline.from_pretrained(demo.model.checkpoint, device="cpu", **options)
+    if args.stills:
+        cache_stills_too(pipe)
+    start = time.perf_counter()
+    uncached, cached = run(demo.jobs, pipe, thresholds)
+    seconds = time.perf_counter() - start
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    base_hits = [measure.matches(scene_of(j.request.prompt), measure.read(uncached[j.key].frames)) for j in demo.jobs]
+    stills = ", stills cached too" if args.stills else ""
+    print(f"# step cache on the toy ({demo.model.checkpoint}): {len(demo.jobs)} demo jobs, commit {commit.strip()}, "
+          f"{platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s{stills}")
+    print(f"uncached prompt match: {sum(base_hits) / len(base_hits):.0%}\n")
+    print(f"## per render, threshold {args.default} against uncached\n")
+    print("| job | task | PSNR (dB) | steps cached | prompt match |")
+    print("|---|---|---|---|---|")
+    default = cached[args.default]
+    for job in demo.jobs:
+        ours = default[job.key]
+        hit = measure.matches(scene_of(job.request.prompt), measure.read(ours.frames))
+        print(f"| {job.key} | {job.request.task} | {psnr(ours.frames, uncached[job.key].frames):.1f} | "
+              f"{ours.cached}/{ours.steps} | {'yes' if hit else 'NO'} |")
+    for task in ("t2v", "t2i"):
+        jobs = [job for job in demo.jobs if job.request.task == task]
+        if not jobs:
+            continue
+        print(f"\n## threshold sweep, {task} ({len(jobs)} jobs)\n")
+        print("| threshold | median PSNR (dB) | min PSNR (dB) | steps saved | prompt match |")
+        print("|---|---|---|---|---|")
+        for th in thresholds:
+            s = summary(jobs, uncached, cached[th])
+            print(f"| {th} | {s['median']:.1f} | {s['min']:.1f} | {s['saved_steps']}/{s['steps']} ({s['saved']:.0%}) "
+                  f"| {s['match']:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The step cache a render runs (``cache: off | seacache | {method: seacache, threshold, ...}``), checked without
+torch.
+
+One rule for the loader and ``farm validate``: ``cosmos3.load_options`` calls ``cache_problems`` on its ``cache``
+option, ``Cosmos3Pipeline`` calls ``parse_cache``. Each problem names ``cache`` or ``cache.<parameter>``.
+The parameters are diffusers' ``SeaCacheConfig`` (hooks/sea_cache.py), spelled as a manifest reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from cosmos3.errors import ConfigError, Problem
+
+METHODS = ("off", "seacache")
+
+
+@dataclass(frozen=True)
+class SeaCacheSettings:
+    """SeaCache's knobs; the defaults are the ones Cosmos3's recipes publish (diffusers' ``SeaCacheConfig``)."""
+
+    threshold: float = 0.25  # accumulated relative-L1 change of the indicator that forces a computed step
+    max_consecutive: int = 2  # cached steps in a row at most (0: no limit)
+    retention_steps: int = 1  # leading steps always computed
+    end_steps: int = 1  # trailing steps always computed
+    residual_order: int = 1  # 0: reuse the last residual; 1: extrapolate linearly from the last two
+    power_exp: float = 3.0  # exponent of the clean-signal power prior 1/|f|^p of the indicator's filter
+
+    def describe(self) -> dict:
+        return {"method": "seacache", **asdict(self)}
+
+
+# The default: SeaCache as published (benchmarks/results/cpu-step-cache.md measures it against uncached renders).
+DEFAULT_CACHE: Any = "seacache"
+
+_WHOLE = ("max_consecutive", "retention_steps", "end_steps")
+
+
+def _parameter_problem(name: str, value: Any) -> str | None:
+    if name in _WHOLE:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{value!r} is not a whole number >= 0"
+        return None
+    if name == "residual_order":
+        return None if value in (0, 1) and not isinstance(value, bool) else f"{value!r} is not 0 or 1"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if name == "threshold" and value < 0:
+        return f"{value!r} is negative; use a budget >= 0 (0.25 as published; larger caches more steps)"
+    if name == "power_exp" and value <= 0:
+        return f"{value!r} is not > 0 (3.0 as published for video)"
+    return None
+
+
+def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
+    if value == "off" or value is False:  # YAML 1.1 reads a bare `off` as false
+        return None, []
+    if value == "seacache":
+        return SeaCacheSettings(), []
+    if not isinstance(value, dict):
+        return None, [("cache", f"must be one of {', '.join(METHODS)} or {{method: seacache, threshold: ..., "
+                                f"max_consecutive: ...}}, got {value!r}")]
+    method = value.get("method")
+    if method != "seacache":
+        return None, [("cache.method", f"{method!r}: a cache with parameters names its method: seacache")]
+    known = {f.name for f in fields(SeaCacheSettings)}
+    found = [(f"cache.{name}", f"unknown parameter (one of method, {', '.join(sorted(known))})")
+             for name in value if name not in known | {"method"}]
+    params = {name: v for name, v in value.items() if name in known}
+    found += [(f"cache.{name}", problem) for name, v in params.items()
+              if (problem := _parameter_problem(name, v)) is not None]
+    return (None if found else SeaCacheSettings(**params)), found
+
+
+def cache_problems(value: Any) -> list[Problem]:
+    """Every problem of the ``cache`` option ``value``, as (field, message) pairs."""
+    return _read(value)[1]
+
+
+def parse_cache(value: Any) -> SeaCacheSettings | None:
+    """The settings ``value`` asks for (None: no step cache); raises ``ConfigError`` listing every problem."""
+    settings, found = _read(value)
+    if found:
+        raise ConfigError.listing("load options", found)
+    return settings
