@@ -4,7 +4,7 @@ Random weights make SeaCache's own decisions meaningless (the indicator of rando
 each arm runs a *fixed* schedule through the pipeline's step cache: the indicator, its host read and the residual
 bookkeeping run every step as in a real render; only the decision is given. Side by side in one process:
 
-* the clip (issue 15's T2V: 1280x720, 189 frames, 35 steps, CFG 6) uncached and with 16 of its 35 steps cached
+* the clip (bench_render's T2V: 1280x720, 189 frames, 35 steps, CFG 6) uncached and with 16 of its 35 steps cached
   (what SeaCache's 1.82x on Nano implies), never a W8A16 edge step, at most two in a row;
 * the still (1024x1024, 50 steps) uncached and with 20 of 50 cached, each twice (the first captures its graphs).
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_render import GIB, PROMPT, job_request, machine  # noqa: E402
+from benchmarks.common import GIB, PROMPT, job_request, machine  # noqa: E402
 
 CLIP_CACHED, STILL_CACHED = 16, 20
 
@@ -109,12 +109,14 @@ def do_run(args) -> None:
     configure_cuda_allocator()  # a farm worker's allocator settings, before torch touches CUDA
     from cosmos3.pipeline import Cosmos3Pipeline
 
-    pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
-    results = {"machine": machine(), "load": pipe.load_timings, "arms": []}
+    pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background",
+                                           attention=args.attention)
+    results = {"machine": machine(), "attention": args.attention, "load": pipe.load_timings, "arms": []}
     plan = [("still uncached", "t2i", None), ("still uncached again", "t2i", None),
             (f"still {STILL_CACHED}/50 cached", "t2i", STILL_CACHED),
             (f"still {STILL_CACHED}/50 cached again", "t2i", STILL_CACHED),
             (f"clip {CLIP_CACHED}/35 cached", "t2v", CLIP_CACHED), ("clip uncached", "t2v", None)]
+    plan = [arm for arm in plan if arm[1] in args.jobs]
     for name, job, cached in plan:
         results["arms"].append(arm(pipe, name, job, cached))
         args.out.write_text(json.dumps(results, indent=1, default=str))  # what ran comes back if the call ends
@@ -123,7 +125,7 @@ def do_run(args) -> None:
 def do_report(args) -> None:
     results = json.loads(args.out.read_text())
     arms = {a["arm"]: a for a in results["arms"]}
-    print(f"{results['machine']}\n")
+    print(f"{results['machine']}\nattention: {results.get('attention', 'auto')}\n")
     print("| arm | steps s | computed W8A8 step s | cached step s | cached / computed | peak in steps GiB | "
           "decode s | total s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -149,6 +151,8 @@ def main() -> None:
     run = sub.add_parser("run")
     run.add_argument("--root", type=Path, required=True)
     run.add_argument("--out", type=Path, required=True)
+    run.add_argument("--attention", default="auto", choices=["auto", "bf16", "fp8"])
+    run.add_argument("--jobs", nargs="+", default=["t2i", "t2v"], choices=["t2i", "t2v"], help="which arms to run")
     report = sub.add_parser("report")
     report.add_argument("out", type=Path)
     args = parser.parse_args()
