@@ -306,6 +306,7 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
 
 
 VAE_DIR = "vae"
+TEXT_TOKENIZER_DIR = "text_tokenizer"
 VAE_CLASS = "AutoencoderKLWan"
 
 
