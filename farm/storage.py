@@ -75,8 +75,9 @@ def _errno(err: OSError) -> str:
 
 
 def write_json(final: Path, data: Any, attempt: int = 0, root: str | Path | None = None) -> None:
-    """Publishes a JSON file atomically (sidecars, farm state, run summaries)."""
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    """Publishes a JSON file atomically (sidecars, farm state, run summaries). Strict JSON: a NaN or infinity
+    raises ValueError instead of writing `NaN`/`Infinity`, which other JSON readers refuse."""
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
     publish(final, attempt, lambda temp: temp.write_text(text), root)
 
 

@@ -95,3 +95,11 @@ def test_a_root_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "out").write_text("not a folder")
     with pytest.raises(StorageFault, match=r"output root .*/out/city: .*/out is not a directory"):
         storage.check_root(tmp_path / "out" / "city")
+
+
+def test_a_record_with_an_infinity_is_refused_not_written_as_json_that_readers_reject(tmp_path):
+    """Python's json writes `Infinity` by default, which strict readers (jq, JavaScript) reject."""
+    record = tmp_path / "a.png.json"
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        storage.write_json(record, {"timeout": float("inf")})
+    assert not record.exists() and not list(tmp_path.iterdir())
