@@ -10,6 +10,7 @@ passes ``farm validate`` is one a worker renders.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,11 +254,13 @@ def _check_inputs(request: RenderRequest) -> list[Problem]:
 
 
 def _check_input_file(field: str, path: Path) -> str | None:
-    """A file there, and for an image one whose header decodes (its pixels are read only at render)."""
+    """A file there whose header decodes as an image (Pillow) or a video (ffmpeg); pixels are read at render."""
     if not path.is_file():
         return f"no file at {path}"
-    if field != "image":
-        return None
+    return _check_image_header(path) if field == "image" else _check_video_header(path)
+
+
+def _check_image_header(path: Path) -> str | None:
     from PIL import Image  # Pillow reads the header alone until the pixels are asked for
 
     try:
@@ -268,6 +271,27 @@ def _check_input_file(field: str, path: Path) -> str | None:
     if width * height > MAX_INPUT_PIXELS:
         return f"{path} is {width}x{height}, above the limit of {MAX_INPUT_PIXELS:,} pixels; scale it down"
     return None
+
+
+def _check_video_header(path: Path) -> str | None:
+    import imageio_ffmpeg  # the ffmpeg behind imageio, which decodes the video at render
+
+    try:
+        frames = imageio_ffmpeg.read_frames(str(path))  # yields the container's metadata first
+        next(frames)
+        frames.close()
+    except (OSError, RuntimeError, StopIteration) as err:
+        return f"cannot read {path} as a video ({_ffmpeg_reason(err)})"
+    return None
+
+
+_FFMPEG_TAGS = re.compile(r"^(?:\[[^\]]*\]\s*)+")  # `[png @ 0x55d3f2f34400] ` before each of ffmpeg's lines
+
+
+def _ffmpeg_reason(err: BaseException) -> str:
+    """ffmpeg's first line saying what is wrong (its log holds a banner and a line per stream); else its last."""
+    lines = [_FFMPEG_TAGS.sub("", line).strip() for line in str(err).splitlines() if line.strip()]
+    return next((line for line in lines if "Invalid" in line or "Error" in line), lines[-1] if lines else repr(err))
 
 
 def _check_tokens(request: RenderRequest, rules: RequestRules) -> Problem | None:

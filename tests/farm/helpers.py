@@ -91,6 +91,16 @@ def write_image(path: Path) -> Path:
     return path
 
 
+def write_video(path: Path) -> Path:
+    """A short real MP4: validation reads a V2V input's header."""
+    import imageio.v3 as iio
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    iio.imwrite(path, np.zeros((9, 32, 32, 3), np.uint8), fps=8)
+    return path
+
+
 def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaults: dict | None = None,
                    model: dict | None = None, output: dict | None = None, sound: bool = False) -> Path:
     """A small, fast manifest in `folder` (tiny frames, few steps) with a checkpoint beside it (`sound`: one

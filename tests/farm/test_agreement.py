@@ -21,7 +21,7 @@ from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest, RequestRules, problems
 from farm import manifest
 from farm.errors import ManifestError
-from tests.farm.helpers import make_checkpoint, write_image
+from tests.farm.helpers import make_checkpoint, write_image, write_video
 
 DISTILLED = {"_class_name": "FlowMatchEulerDiscreteScheduler", "stochastic_sampling": True,
              "fixed_step_sampler_config": {"t_list": [1.0, 0.9, 0.7, 0.3], "sample_type": "sde"}}
@@ -109,7 +109,7 @@ def _folder(tmp_path, scheduler=None):
     make_checkpoint(tmp_path / "ckpt", **({"scheduler": scheduler} if scheduler else {}))
     (tmp_path / "in").mkdir()
     write_image(tmp_path / "in" / "frame.png")
-    (tmp_path / "in" / "clip.mp4").write_bytes(b"mp4")
+    write_video(tmp_path / "in" / "clip.mp4")
     return tmp_path
 
 

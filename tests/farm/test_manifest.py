@@ -313,3 +313,16 @@ def test_exponent_numbers_read_as_yaml_1_2_reads_them(tmp_path):
     path.write_text(path.read_text().replace("prompt: x", "prompt: x\n  guidance: 6.5e0\n  fps: 1e1"))
     request = manifest.load(path).jobs[0].request
     assert (request.guidance, request.fps) == (6.5, 10.0)
+
+
+@pytest.mark.parametrize("task,field,content", [
+    pytest.param("i2v", "image", b"this is text, not a PNG\n", id="text-as-image"),
+    pytest.param("v2v", "video", b"this is text, not an MP4\n", id="text-as-video"),
+])
+def test_a_conditioning_input_whose_header_does_not_decode_is_refused_at_validate(tmp_path, task, field, content):
+    """Named like media, but not: refused at validate with the path and the decoder's reason, not at render."""
+    name = f"input.{'png' if field == 'image' else 'mp4'}"
+    (tmp_path / name).write_bytes(content)
+    path = write_manifest(tmp_path, [{"id": "a", "task": task, "prompt": "x", field: name, "frames": 9}])
+    with pytest.raises(ManifestError, match=rf"{field}: cannot read {tmp_path / name} as an? {field} \(.+\)"):
+        manifest.load(path)
