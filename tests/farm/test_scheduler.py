@@ -158,6 +158,17 @@ def test_a_job_past_its_timeout_has_its_worker_killed_and_is_requeued(tmp_path):
     assert not temp_files(tmp_path / "out")
 
 
+def test_jobs_past_their_timeout_do_not_retire_the_last_worker(tmp_path):
+    """A job's timeout is its own: three of them kill and restart the only worker, and the job beside them renders."""
+    jobs = [{"id": f"stuck{i}", "prompt": "hang", "timeout": 10, "retries": 0, "priority": 10} for i in range(3)]
+    report = _submit(write_manifest(tmp_path, [*jobs, {"id": "good", "prompt": "fine"}]), factory=_scripted(tmp_path),
+                     workers=1)
+    kinds = [e["event"] for e in events(tmp_path / "out")]
+
+    assert report.counts == {"done": 1, "failed": 3, "pending": 0, "skipped": 0}
+    assert kinds.count("job_timeout") == 3 and "worker_retired" not in kinds
+
+
 def test_a_worker_failing_three_jobs_that_render_elsewhere_is_retired(tmp_path):
     """Logical GPU 0 fails every render: the jobs it failed render on GPU 1, so GPU 0 is to blame and retires."""
     jobs = [{"id": f"job{i}", "prompt": "fail-on-gpu-0"} for i in range(8)]
