@@ -35,7 +35,9 @@ MAX_LATENT_FRAMES = 128  # per clip: 509 frames at the VAE's 4x (the published c
 # GEN tokens of one pass (latent frames x patches per frame): 3x the published 720p clip's 44,160. Attention's
 # work grows with its square; the steps' activations and the decode's memory with it.
 MAX_GEN_TOKENS = 131_072
-FPS_RANGE = (1.0, 120.0)  # the duration sentence and fps-modulated positions are trained on 24 (16-30 in data)
+# The prompt's duration sentence and the fps-modulated positions take fps; the published clips run at 24 (base_fps).
+# A clip's sound lasts frames / fps: 1e6 leaves it no sample, 1e-7 asks for years of it.
+FPS_RANGE = (1.0, 120.0)
 GUIDANCE_RANGE = (0.0, 20.0)  # published 6 (video) and 7 (image); far above, CFG saturates every pixel
 MAX_INPUT_PIXELS = 8192 * 8192  # an I2V image is decoded whole before it is resized to the output size
 
@@ -375,10 +377,11 @@ def problems(request: RenderRequest, rules: RequestRules) -> list[Problem]:
         ("sound", _check_sound(request, rules.sound)),
     ]
     found = [(f, m) for f, m in found if m]
-    fields = {f for f, _ in found}
-    if not fields & {"width", "height", "frames", "fps"}:
-        found += [problem for problem in (_check_tokens(request, rules),) if problem]
-        if not fields & {"prompt", "negative_prompt"}:
+    refused = {f for f, _ in found}
+    if not refused & {"width", "height", "frames", "fps"}:  # the checks of the whole clip need each part fine
+        if (tokens := _check_tokens(request, rules)) is not None:
+            found.append(tokens)
+        if not refused & {"prompt", "negative_prompt"}:
             found += _check_prompts(request, rules)
     return found + _check_sampling(request, rules.recipe) + _check_inputs(request)
 
