@@ -86,7 +86,8 @@ class TextBudget:
 
     def __init__(self, tokenizer, limit: int):
         self._tokenizer, self.limit = tokenizer, limit
-        self._counts: dict[tuple[str, str], int] = {}  # a sweep's seeds share their text: counted once
+        # (prompt, spec, negative) -> tokens: a sweep's seeds share them, so they are counted once
+        self._counts: dict[tuple[str, PromptSpec, bool], int] = {}
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TextBudget:
@@ -106,17 +107,19 @@ class TextBudget:
         valid = isinstance(stated, int) and not isinstance(stated, bool) and stated > 0
         return cls(tokenizer, min(stated, MAX_TEXT_TOKENS) if valid else MAX_TEXT_TOKENS)
 
-    def count(self, text: str, kind: str) -> int:
-        key = (text, kind)
+    def count(self, prompt: str, spec: PromptSpec, *, negative: bool) -> int:
+        """Tokens of the system prompt and ``prompt`` with its metadata sentences (``with_metadata``)."""
+        key = (prompt, spec, negative)
         if key not in self._counts:
-            system = SYSTEM_PROMPT_IMAGE if kind == "image" else SYSTEM_PROMPT_VIDEO
+            system = SYSTEM_PROMPT_IMAGE if spec.kind == "image" else SYSTEM_PROMPT_VIDEO
+            text = with_metadata(prompt, spec, negative=negative)
             encoded = self._tokenizer.encode_batch([system, text], add_special_tokens=False)
             self._counts[key] = sum(len(e.ids) for e in encoded)
         return self._counts[key]
 
-    def problem(self, text: str, kind: str) -> str | None:
-        """Why ``text`` (metadata sentences included) does not fit, or None."""
-        count = self.count(text, kind)
+    def problem(self, prompt: str, spec: PromptSpec, *, negative: bool) -> str | None:
+        """Why ``prompt`` does not fit, or None."""
+        count = self.count(prompt, spec, negative=negative)
         if count <= self.limit:
             return None
         return (f"{count:,} tokens with the system prompt and metadata sentences, above the text tokenizer's limit "

@@ -18,7 +18,7 @@ from typing import Any
 from cosmos3.checkpoint_header import check_layout, check_sound_dir, check_vae_dir
 from cosmos3.config import TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.errors import PipelineError, Problem
-from cosmos3.prompt import PromptSpec, TextBudget, with_metadata
+from cosmos3.prompt import PromptSpec, TextBudget
 from cosmos3.sampling import SamplingRecipe, load_recipe
 
 TASKS = ("t2v", "t2i", "i2v", "v2v")
@@ -317,7 +317,7 @@ def _check_prompts(request: RenderRequest, rules: RequestRules) -> list[Problem]
                       height=_or(request.height, defaults.height), width=_or(request.width, defaults.width))
     found = []
     for field, negative in (("prompt", False), ("negative_prompt", True)):
-        problem = rules.text.problem(with_metadata(getattr(request, field), spec, negative=negative), spec.kind)
+        problem = rules.text.problem(getattr(request, field), spec, negative=negative)
         if problem:
             found.append((field, problem))
     return found
