@@ -26,6 +26,8 @@ from pathlib import Path
 
 from cosmos3.config import (
     SOUND_TOKENIZER_DIR,
+    TEXT_TOKENIZER_DIR,
+    VAE_DIR,
     Cosmos3Config,
     QuantConfig,
     SoundSupport,
@@ -104,6 +106,18 @@ def inspect(path: str | Path) -> CheckpointFacts:
 
 
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"  # a diffusers model's single weights file
+# What a worker's pipeline loads, in the published layout (the sound tokenizer only where the transformer makes sound).
+COMPONENTS = ("model_index.json", "transformer", VAE_DIR, TEXT_TOKENIZER_DIR, "scheduler")
+
+
+def check_layout(root: Path) -> None:
+    """Every component of ``COMPONENTS`` is there; raises CheckpointError naming what is missing."""
+    missing = [name for name in COMPONENTS if not (root / name).exists()]
+    if missing:
+        raise CheckpointError(
+            f"{root}: not a Cosmos3 checkpoint in the published layout; missing {', '.join(missing)} "
+            f"(expected {', '.join(COMPONENTS)})"
+        )
 
 
 def check_vae_dir(path: Path, latent_channel: int | None) -> VAEConfig:

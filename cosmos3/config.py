@@ -306,12 +306,8 @@ def read_sound_support(root: str | Path, transformer: Cosmos3Config) -> SoundSup
 
 
 VAE_DIR = "vae"
+TEXT_TOKENIZER_DIR = "text_tokenizer"
 VAE_CLASS = "AutoencoderKLWan"
-# What a checkpoint's root holds for Cosmos3Pipeline.from_pretrained, which requires each of them; a sound
-# tokenizer (SOUND_TOKENIZER_DIR) is read when there is one.
-CHECKPOINT_COMPONENTS = ("model_index.json", "transformer", VAE_DIR, "text_tokenizer", "scheduler")
-
-
 @dataclass(frozen=True)
 class VAEConfig:
     """What the pipeline and the request rules take from ``vae/config.json``, read without diffusers: the one

@@ -33,10 +33,9 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
-from cosmos3.checkpoint_header import check_sound_dir, transformer_dir
-from cosmos3.config import CHECKPOINT_COMPONENTS, SOUND_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
+from cosmos3.checkpoint_header import check_layout, check_sound_dir, transformer_dir
+from cosmos3.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.cuda_graphs import enable_cuda_graphs
-from cosmos3.errors import CheckpointError
 from cosmos3.load_options import Precision
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt import PromptSpec, PromptTokenizer
@@ -96,15 +95,6 @@ class Conditioning:
         return latents
 
 
-def _check_layout(root: Path) -> None:
-    missing = [name for name in CHECKPOINT_COMPONENTS if not (root / name).exists()]
-    if missing:
-        raise CheckpointError(
-            f"{root}: not a Cosmos3 checkpoint in the published layout; missing {', '.join(missing)} "
-            f"(expected {', '.join(CHECKPOINT_COMPONENTS)})"
-        )
-
-
 def _safetensors_header(path: Path) -> bytes:
     with path.open("rb") as f:
         (size,) = struct.unpack("<Q", f.read(8))
@@ -149,7 +139,8 @@ class Cosmos3Pipeline:
         self.dtype = dtype
         self.sound = sound or NO_SOUND
         # The request rules, with the VAE's factors from its config.json, read as the farm reads it (VAEConfig).
-        self.rules = RequestRules(recipe, vae.config.spatial_factor, vae.config.temporal_factor, self.sound)
+        self.rules = RequestRules(recipe, vae.config.spatial_factor, vae.config.temporal_factor,
+                                  model.config.latent_patch_size, tokenizer.budget, self.sound)
         self._sound_tokenizer = sound_tokenizer
         self._load_timings: dict = {}  # from_pretrained's seconds per stage of the load
 
@@ -216,7 +207,7 @@ class Cosmos3Pipeline:
         """
         root = Path(checkpoint_dir)
         cache_settings = parse_cache(cache)
-        _check_layout(root)
+        check_layout(root)
         if vae_load not in VAE_LOADS:
             raise ValueError(f"vae_load={vae_load!r}: expected one of {', '.join(VAE_LOADS)}")
         device = torch.device(device)
@@ -228,7 +219,7 @@ class Cosmos3Pipeline:
         # Threads that import under LIBRARY_IMPORT, all beside the transformer's load: the text tokenizer's takes it
         # first, then the VAE's and the sound tokenizer's (diffusers). Started after the VAE's, the tokenizer waited
         # for diffusers' whole import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
-        tokenizer_load = PromptTokenizer.load_in_background(root / "text_tokenizer")
+        tokenizer_load = PromptTokenizer.load_in_background(root / TEXT_TOKENIZER_DIR)
         timings = {"ops": ops_seconds}
         config = Cosmos3Config.from_json(transformer_dir(root) / "config.json")
         vae = VAEBuild(root / VAE_DIR, latent_channel=config.latent_channel, device=device,

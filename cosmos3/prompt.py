@@ -8,6 +8,7 @@ generation tokens begin. The negative prompt carries the *inverse* metadata sent
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ INVERSE_RESOLUTION_TEMPLATE = {
 }
 
 VISION_START_TOKEN = "<|vision_start|>"
+# The published pipelines' max_sequence_length: a text tokenizer whose model_max_length is larger is held to it.
+MAX_TEXT_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,64 @@ def with_metadata(text: str, spec: PromptSpec, *, negative: bool) -> str:
     return _append_sentence(text, template.format(height=spec.height, width=spec.width))
 
 
+def _not_loaded(path: Path, err: Exception) -> CheckpointError:
+    return CheckpointError(f"{path}: the text tokenizer did not load ({type(err).__name__}: {err}); "
+                           "it needs transformers' tokenizer files (tokenizer.json)")
+
+
+class TextBudget:
+    """How many tokens one branch's text may take, counted by the checkpoint's ``tokenizer.json`` with the
+    ``tokenizers`` library (what transformers' fast tokenizer runs, without torch): the prompt with its metadata
+    sentences plus the system prompt; the chat template's few markers are not counted. ``farm validate`` and the
+    worker's pipeline both count with it (``cosmos3.request``)."""
+
+    def __init__(self, tokenizer, limit: int):
+        self._tokenizer, self.limit = tokenizer, limit
+        # (prompt, spec, negative) -> tokens: a sweep's seeds share them, so they are counted once
+        self._counts: dict[tuple[str, PromptSpec, bool], int] = {}
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> TextBudget:
+        """``text_tokenizer/``: its ``tokenizer.json`` and the ``model_max_length`` of its ``tokenizer_config.json``.
+
+        # Raises: CheckpointError naming the file when one is missing or unreadable.
+        """
+        from tokenizers import Tokenizer
+
+        path = _tokenizer_dir(path)
+        try:
+            config = json.loads((path / "tokenizer_config.json").read_text())
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as err:  # tokenizers raises its own Exception for a file it cannot parse
+            raise _not_loaded(path, err) from None
+        stated = config.get("model_max_length") if isinstance(config, dict) else None
+        valid = isinstance(stated, int) and not isinstance(stated, bool) and stated > 0
+        return cls(tokenizer, min(stated, MAX_TEXT_TOKENS) if valid else MAX_TEXT_TOKENS)
+
+    def count(self, prompt: str, spec: PromptSpec, *, negative: bool) -> int:
+        """Tokens of the system prompt and ``prompt`` with its metadata sentences (``with_metadata``)."""
+        key = (prompt, spec, negative)
+        if key not in self._counts:
+            system = SYSTEM_PROMPT_IMAGE if spec.kind == "image" else SYSTEM_PROMPT_VIDEO
+            text = with_metadata(prompt, spec, negative=negative)
+            encoded = self._tokenizer.encode_batch([system, text], add_special_tokens=False)
+            self._counts[key] = sum(len(e.ids) for e in encoded)
+        return self._counts[key]
+
+    def problem(self, prompt: str, spec: PromptSpec, *, negative: bool) -> str | None:
+        """Why ``prompt`` does not fit, or None."""
+        count = self.count(prompt, spec, negative=negative)
+        if count <= self.limit:
+            return None
+        return (f"{count:,} tokens with the system prompt and metadata sentences, above the text tokenizer's limit "
+                f"of {self.limit:,}; shorten it")
+
+
 class PromptTokenizer:
     """The checkpoint's ``text_tokenizer/`` plus the Cosmos3 conversation layout."""
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, budget: TextBudget):
+        self.tokenizer, self.budget = tokenizer, budget
         self.eos_token_id = tokenizer.eos_token_id
         self.vision_start_id = tokenizer.convert_tokens_to_ids(VISION_START_TOKEN)
         if self.eos_token_id is None or self.vision_start_id in (None, tokenizer.unk_token_id):
@@ -114,12 +170,12 @@ class PromptTokenizer:
     def _load(cls, path: Path) -> PromptTokenizer:
         from transformers import AutoTokenizer
 
+        budget = TextBudget.from_dir(path)  # first: a broken tokenizer.json fails in the words farm validate uses
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
         except Exception as err:  # its own words, and which directory they are about
-            raise CheckpointError(f"{path}: the text tokenizer did not load ({type(err).__name__}: {err}); "
-                                  "it needs transformers' tokenizer files (tokenizer.json)") from err
-        return cls(tokenizer)
+            raise _not_loaded(path, err) from err
+        return cls(tokenizer, budget)
 
     def encode(self, text: str, kind: str) -> list[int]:
         """One branch: chat template (system + user, generation prompt) + eos + ``<|vision_start|>``."""

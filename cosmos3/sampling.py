@@ -41,6 +41,11 @@ class SamplingRecipe:
     def is_distilled(self) -> bool:
         return self.fixed_sigmas is not None
 
+    @property
+    def train_timesteps(self) -> int:
+        """The timesteps the model was trained on (diffusers' default 1000): the most steps a schedule can hold."""
+        return int(self.config.get("num_train_timesteps", 1000))
+
 
 def _read_json(path: Path) -> dict:
     try:

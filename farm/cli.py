@@ -10,6 +10,8 @@ import argparse
 import functools
 import importlib
 import json
+import math
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,6 +126,10 @@ def do_submit(args: argparse.Namespace) -> Result:
 @print_result
 def do_retry(args: argparse.Namespace) -> Result:
     m = _load(args.manifest)
+    path = storage.records_dir(m.output_root, m.name) / lease.LEASE_FILE
+    running = lease.holder(path)
+    if running is not None:  # which of its jobs fail is known once it has ended
+        raise lease.LeaseHeld(path, running)
     state = storage.read_states(m.output_root).get(m.name)
     if state is None:
         raise StateError(f"no runs of {m.name} recorded under {m.output_root}; use farm submit")
@@ -201,6 +207,28 @@ def _status_row(root: str, name: str, state: dict) -> dict[str, Any]:
 # -- arguments ---------------------------------------------------------------------------------------
 
 
+def _count(text: str) -> int:
+    """A whole number >= 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds > 0 (argparse type): nan and inf pass every comparison, so they are refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text}")
+    return value
+
+
 def _factory(spec: str) -> Any:
     """`module:function` -> the function (a `worker.actor.PipelineFactory`)."""
     module_name, _, name = spec.partition(":")
@@ -208,12 +236,6 @@ def _factory(spec: str) -> Any:
         return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise argparse.ArgumentTypeError(f"cannot import pipeline factory {spec!r}: {err}") from err
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -245,10 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_run_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--address", help="Ray cluster to join (default: start one here, dashboard on 127.0.0.1)")
     pool = sub.add_mutually_exclusive_group()
-    pool.add_argument("--workers", type=int,
+    pool.add_argument("--workers", type=_count,
                       help="CPU workers when the cluster has no GPUs (default 1); else this many GPU workers "
                            "(default: one per GPU, and more as GPU nodes join mid-run)")
-    pool.add_argument("--max-workers", type=_positive, metavar="N",
+    pool.add_argument("--max-workers", type=_count, metavar="N",
                       help="on a cluster that autoscales: ask for a GPU worker per pending job, at most N, "
                            "whatever GPUs it has now (Ray's autoscaler adds nodes for them); idle workers stop "
                            "once no job is left, so the autoscaler can remove their nodes")
@@ -256,8 +278,8 @@ def _add_run_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--force", action="store_true", help="render jobs that are already done")
     sub.add_argument("--pipeline", type=_factory, default="worker.actor:cosmos3_factory", metavar="MODULE:FUNC",
                      help="pipeline factory (worker.fake:factory renders flat colours without a model)")
-    sub.add_argument("--init-failures", type=int, help="worker starts that may fail in a run (default: workers)")
-    sub.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a worker to load its model")
+    sub.add_argument("--init-failures", type=_count, help="worker starts that may fail in a run (default: workers)")
+    sub.add_argument("--start-timeout", type=_seconds, default=900.0, help="seconds for a worker to load its model")
     sub.add_argument("--no-progress", action="store_true", help="no progress bar")
     sub.add_argument("--wait", action="store_true",
                      help="when another driver is rendering this manifest into its root, wait for it to end "
@@ -267,5 +289,12 @@ def _add_run_options(sub: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_json)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, so a closed pipe raises where it is handled, not at the interpreter's exit
+        return code
+    except BrokenPipeError:  # `farm plan m.yaml | head -1`: the reader has what it wanted
+        # Python flushes stdout again at exit; pointing it at /dev/null keeps that from raising too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 

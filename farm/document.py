@@ -13,6 +13,7 @@ becomes a located problem, never an exception.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -171,7 +172,11 @@ def _syntax(err: yaml.MarkedYAMLError) -> str:
 
 
 class _Loader(_Base):
-    """A safe loader whose composer counts nesting, aliases and nodes as it builds, and stops at a limit."""
+    """A safe loader whose composer counts nesting, aliases and nodes as it builds, and stops at a limit.
+
+    Numbers in exponent form read as YAML 1.2 reads them: YAML 1.1 needs a dot and a signed exponent, so `1.5e3`
+    and `1e-4` would be strings where every user means a number (`1.0e+3` already is one).
+    """
 
     def __init__(self, text: str, limits: Limits):
         super().__init__(text)
@@ -196,6 +201,11 @@ class _Loader(_Base):
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -260,6 +270,9 @@ def _convert_mapping(node: yaml.MappingNode, path: Path_, loader: _Loader, doc: 
         if not isinstance(key, (str, int, float, bool)):
             doc.problems.append((path, line, "keys must be plain scalars (a name or a number)"))
             continue
+        # Every key a manifest knows is a name: a key `5` or `yes` is kept as written, so a path never confuses it
+        # with a list index (`jobs[0] -> 5`, not `jobs[0][5]`).
+        key = key if isinstance(key, str) else key_node.value
         if key in out:
             doc.problems.append(((*path, key), line, f"duplicate key (first at line {doc.lines[(*path, key)]})"))
             continue

@@ -60,5 +60,10 @@ class StorageFault(FarmError):
     tried is not to blame, so it is not retired for it."""
 
 
+class JobFault(FarmError):
+    """A job's render ran out of memory (host or GPU) for the size it asks: its own request, not its worker. The
+    attempt fails without counting against the worker."""
+
+
 class OutputPathError(FarmError):
     """A job's output path leads out of output.root (a symlink) or into the farm's records: the job's fault."""

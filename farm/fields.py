@@ -7,14 +7,22 @@ The message of `Invalid` is the rule, written to follow `<field>: ` in an error 
 from __future__ import annotations
 
 import collections
+import math
 import re
 from collections.abc import Callable
 from typing import Any
+
+from cosmos3.request import shown
 
 Checker = Callable[[Any], Any]
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # safe in file names and Ray task names
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+# A job's timeout: the driver checks deadlines once a second and kills a job's worker past it, which then loads its
+# model again, so a shorter timeout judges the farm rather than the job; a week bounds a job that never ends.
+TIMEOUT_RANGE = (10.0, 7 * 24 * 3600.0)
+MAX_RETRIES = 10  # each retry renders the whole job again
+PRIORITY_RANGE = (-10**9, 10**9)  # a sort key; a wider spread sorts no differently
 
 
 class Invalid(ValueError):
@@ -25,13 +33,13 @@ def _got(value: Any) -> str:
     return f"got {value!r} ({type(value).__name__})"
 
 
-def integer(minimum: int | None = None) -> Checker:
+def integer(minimum: int, maximum: int) -> Checker:
     def check(value: Any) -> int:
         # bool is an int in Python but `steps: yes` is a mistake, not 1.
         if isinstance(value, bool) or not isinstance(value, int):
             raise Invalid(f"expected an integer, {_got(value)}")
-        if minimum is not None and value < minimum:
-            raise Invalid(f"must be at least {minimum}, got {value}")
+        if not minimum <= value <= maximum:
+            raise Invalid(f"{shown(value)} is outside the limits [{minimum:,}, {maximum:,}]")
         return value
 
     return check
@@ -71,18 +79,26 @@ def pair(value: Any) -> tuple[Any, Any]:
     return value[0], value[1]
 
 
-def duration(value: Any) -> float:
-    """Seconds: a number, or a string such as `90s`, `30m`, `1h30m`."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
+def timeout(value: Any) -> float:
+    """Seconds within TIMEOUT_RANGE: a number, or a string such as `90s`, `30m`, `1h30m`."""
+    seconds = _seconds(value)
+    low, high = TIMEOUT_RANGE
+    if not low <= seconds <= high:
+        raise Invalid(f"{shown(value)} is outside the limits [{low:g}s, {high / 86400:g} days]")
+    return float(seconds)
+
+
+def _seconds(value: Any) -> float | int:
+    """A number as written (an int of any size stays exact: float() of 1e400 overflows), or a duration string."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
     match = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
     if not match or not any(match.groups()):
-        raise Invalid(f"{value!r} is not a duration (seconds, or e.g. 90s, 30m, 1h30m)")
+        raise Invalid(f"{shown(value)} is not a duration (seconds, or e.g. 90s, 30m, 1h30m)")
     hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise Invalid(f"must be longer than 0, got {value!r}")
-    return float(total)
+    return hours * 3600 + minutes * 60 + seconds
 
 
 OUTPUT_FORMATS = ("png", "mp4", "wav")

@@ -30,7 +30,7 @@ from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.errors import Problem as FieldProblem
 from cosmos3.load_options import LoadOptions
-from cosmos3.request import RenderRequest, RequestRules
+from cosmos3.request import RenderRequest, RequestRules, shown
 from farm import document, fields, fingerprint, storage
 from farm import template as templates
 from farm.document import Document, Path_, format_path
@@ -54,9 +54,9 @@ _MODEL_KEYS = {"checkpoint": True, **dict.fromkeys(_LOAD_OPTIONS, False)}
 _OUTPUT_KEYS = {"root": True, "path": False}
 # What the farm itself does with a job (cosmos3 never sees these), with their checkers and defaults.
 _RUN_FIELDS: dict[str, tuple[fields.Checker, Any]] = {
-    "retries": (fields.integer(0), 2),
-    "timeout": (fields.duration, 1800.0),
-    "priority": (fields.integer(), 0),
+    "retries": (fields.integer(0, fields.MAX_RETRIES), 2),
+    "timeout": (fields.timeout, 1800.0),
+    "priority": (fields.integer(*fields.PRIORITY_RANGE), 0),
 }
 # The files a job publishes: its media (PNG for t2i, MP4 for video), and the WAV of a clip's sound on request.
 _OUTPUTS = "outputs"
@@ -132,8 +132,9 @@ class _Resolver:
 
     def _manifest(self, top: dict) -> Manifest | None:
         self._keys(top, (), _TOP_KEYS)
-        if "version" in top and top["version"] != VERSION:
-            self.error(("version",), f"this farm reads manifest version {VERSION}, got {top['version']!r}")
+        # `version: true` is no version: bool is an int in Python (True == 1).
+        if "version" in top and (isinstance(top["version"], bool) or top["version"] != VERSION):
+            self.error(("version",), f"this farm reads manifest version {VERSION}, got {shown(top['version'])}")
         name = self._value(top, ("name",), fields.identifier)
         model = self._model(self._section(top, "model"))
         root, template = self._output(self._section(top, "output"))
@@ -465,5 +466,5 @@ class _Resolver:
 
     def _input_hash(self, path: str) -> str:
         if path not in self._input_hashes:
-            self._input_hashes[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+            self._input_hashes[path] = storage.sha256_file(Path(path))  # in chunks: an input may be gigabytes
         return self._input_hashes[path]

@@ -16,8 +16,12 @@ Failure policies (reference/farm-anchors.md §6):
   did not build (SoundTokenizerLoadError: no worker could make its sound), while its silent jobs render;
 - any other failed attempt is requeued, on a *different* worker while one that has not failed it is alive;
 - Ray has no task timeout, so an attempt past its job's timeout gets its worker killed and replaced;
-- a worker that fails RETIRE_AFTER different jobs in a row is retired for the run (a bad GPU); storage faults
-  (ENOSPC, a read-only or vanished root: `StorageFault`) fail the attempt but do not count towards retiring;
+- a worker is retired for the run (a bad GPU) once RETIRE_AFTER different jobs it failed in a row have rendered
+  on other workers: only then is the failure shown to be its own, not the jobs'. A job that failed on
+  JOB_FAULT_AFTER different workers is the job's fault and fails at once; so bad jobs never retire a worker,
+  and a worker with no other to compare with (the last one) is never retired for failed jobs. What is plainly the
+  job's own counts against no worker at all: running out of memory for its size (`JobFault`) and its timeout; nor
+  do storage faults (ENOSPC, a read-only or vanished root: `StorageFault`);
 - a worker that fails to start is started again, until RETIRE_AFTER starts in a row failed, or the run's
   init-failure budget is spent, so one bad GPU neither stops the run nor loops forever. A start can also fail
   after `ready()`: a worker's pipeline builds its VAE in the background, and a build that failed raises
@@ -49,12 +53,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cosmos3.errors import ConfigError, PipelineError, SoundTokenizerLoadError
 from farm import lease, storage
-from farm.errors import OutputPathError, StorageFault, WorkerStartError
+from farm.errors import JobFault, OutputPathError, StorageFault, WorkerStartError
 from farm.events import RunLog
 from farm.job import Job, JobState
 from farm.metrics import RunMetrics
 
 RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
+JOB_FAULT_AFTER = 2  # different workers a job failed on: then it is the job, not them
 # A job every worker would refuse: the model's rules, an output path that leads out of the root (a symlink made
 # after validation), or sound from a checkpoint whose sound tokenizer diffusers could not build.
 USER_ERRORS = (PipelineError, ConfigError, OutputPathError, SoundTokenizerLoadError)
@@ -78,7 +83,9 @@ class Slot:
     actor: Any = None
     started: float = 0.0  # monotonic time its current actor was created
     identity: dict = field(default_factory=dict)  # what `RenderWorker.ready()` reported
-    failed_jobs: set[str] = field(default_factory=set)  # different jobs failed since its last success
+    failed_jobs: dict[str, str] = field(default_factory=dict)  # job key -> error: different jobs failed since its
+    # last success, each counting against it once it renders on another worker
+    failed_elsewhere_done: set[str] = field(default_factory=set)
     failed_starts: int = 0  # in a row
     retired: bool = False
     released: bool = False  # stopped while idle with no job left for it; started again if a job comes back
@@ -261,8 +268,8 @@ class Scheduler:
             elif isinstance(err.cause, USER_ERRORS):
                 self._refused(attempt, describe(err))
             else:
-                # Full or lost storage is no sign of a bad worker: it must not retire for it.
-                blamed = not isinstance(err.cause, StorageFault)
+                # Full or lost storage, or a job too large for memory, is no sign of a bad worker.
+                blamed = not isinstance(err.cause, (StorageFault, JobFault))
                 self._attempt_failed(attempt, describe(err), worker_lost=False, blamed=blamed)
             return
         except RayError as err:  # the worker died: a crash, the OOM killer, a lost node
@@ -300,7 +307,7 @@ class Scheduler:
                 # Ray cannot interrupt a running actor task; killing the actor is the only way to stop it.
                 reason = f"timed out after {attempt.job.timeout:g}s (worker killed)"
                 self._kill_slot(attempt.slot, f"{attempt.job.key} {reason}", [ref])
-                self._attempt_failed(attempt, reason, worker_lost=True)
+                self._attempt_failed(attempt, reason, worker_lost=True, blamed=False)  # the job's own time
         for ref, slot in list(self.starting.items()):
             if now >= slot.started + self.settings.start_timeout:
                 del self.starting[ref]
@@ -311,10 +318,12 @@ class Scheduler:
     def _succeeded(self, attempt: Attempt, result: dict) -> None:
         slot, job = attempt.slot, attempt.job
         slot.failed_jobs.clear()
+        slot.failed_elsewhere_done.clear()
         slot.failed_starts = 0  # its start is proven: what it loaded after ready() has rendered
         seconds = time.monotonic() - attempt.started
         figures = result["figures"]
         self.outcomes[job.key] = Outcome(JobState.DONE, attempt.number, None, seconds, slot.identity, figures)
+        self._blame_workers_that_failed(job, slot)
         self.metrics.job_done(seconds, figures["timings"].get("steps", []))
         self.log.emit("job_done", key=job.key, attempt=attempt.number, slot=slot.index, seconds=round(seconds, 3),
                       worker_started=result["started"], worker_finished=result["finished"])
@@ -341,10 +350,14 @@ class Scheduler:
         job, slot = attempt.job, attempt.slot
         # The attempt is over (its worker raised, died or was killed): whatever it half-wrote can go.
         storage.discard_temps(job)
-        self.avoid.setdefault(job.key, set()).add(slot.index)
+        failed_on = self.avoid.setdefault(job.key, set())
+        failed_on.add(slot.index)
         if blamed:
-            slot.failed_jobs.add(job.key)
-        if attempt.number > job.retries:
+            slot.failed_jobs[job.key] = error
+        own_fault = len(failed_on) >= JOB_FAULT_AFTER
+        if own_fault:
+            error = f"{error} (failed on {len(failed_on)} different workers: the job's own fault)"
+        if attempt.number > job.retries or own_fault:
             self.outcomes[job.key] = Outcome(JobState.FAILED, attempt.number, error)
             self.metrics.job_failed()
             self.log.emit("job_failed", key=job.key, attempt=attempt.number, slot=slot.index, error=error)
@@ -357,13 +370,22 @@ class Scheduler:
 
     def _after_failure(self, attempt: Attempt, error: str, worker_lost: bool) -> None:
         slot = attempt.slot
-        if len(slot.failed_jobs) >= RETIRE_AFTER:
-            self._retire(slot, f"failed {len(slot.failed_jobs)} different jobs in a row; last: {error}")
-        elif worker_lost:
+        if worker_lost:
             self.log.emit("worker_lost", slot=slot.index, node=slot.identity.get("node"), error=error)
             self._restart(slot)
         else:
             self._free(attempt)
+
+    def _blame_workers_that_failed(self, job: Job, done_on: Slot) -> None:
+        """`job` rendered on `done_on`: the workers that failed it are to blame for that failure, and one with
+        RETIRE_AFTER such failures in a row is retired."""
+        for slot in self.slots:
+            if slot is done_on or slot.retired or job.key not in slot.failed_jobs:
+                continue
+            slot.failed_elsewhere_done.add(job.key)
+            if len(slot.failed_elsewhere_done) >= RETIRE_AFTER:
+                self._retire(slot, f"failed {len(slot.failed_elsewhere_done)} different jobs in a row that rendered "
+                                   f"on other workers; last: {slot.failed_jobs[job.key]}")
 
     def _free(self, attempt: Attempt) -> None:
         """An attempt ended with its worker alive: a render's end frees the worker (a publish's end already did)."""

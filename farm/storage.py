@@ -156,13 +156,14 @@ def _errno(err: OSError) -> str:
 
 
 def write_json(final: Path, data: Any, root: str | Path | None = None) -> tuple[str, int]:
-    """Publishes a JSON file atomically (farm state, run summaries)."""
+    """Publishes a JSON file atomically (farm state, run summaries). Strict JSON: a NaN or infinity raises
+    ValueError instead of writing `NaN`/`Infinity`, which other JSON readers refuse."""
     text = _json_text(data)
     return publish(final, lambda out: out.write(text), root)
 
 
 def _json_text(data: Any) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    return (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
 def name_max(folder: str | Path) -> int:

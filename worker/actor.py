@@ -12,6 +12,7 @@ import dataclasses
 import gc
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ import structlog
 from cosmos3.errors import BackgroundLoadError, SoundTokenizerLoadError
 from cosmos3.request import RenderRequest
 from farm import metrics, storage
-from farm.errors import WorkerStartError
+from farm.errors import JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
 from worker import bytecode, encode, gpu_telemetry
 from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
@@ -125,6 +126,12 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     return _Cosmos3Renderer(pipeline, device, facts)
 
 
+def _out_of_memory() -> tuple[type[BaseException], ...]:
+    """Host and GPU out-of-memory errors; torch's only where this process imported it (a fake renderer does not)."""
+    torch = sys.modules.get("torch")
+    return (MemoryError,) if torch is None else (MemoryError, torch.OutOfMemoryError)
+
+
 def settle_heap() -> None:
     """Collects garbage, then freezes what is left alive (``gc.freeze``): later collections skip it.
 
@@ -198,6 +205,8 @@ class RenderWorker:
             raise
         except BackgroundLoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
+        except _out_of_memory() as err:  # the job's size, not the worker: the driver does not count it against it
+            raise JobFault(f"{type(err).__name__}: {err}") from None
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")

@@ -1,8 +1,9 @@
 """Pipeline factories that misbehave on cue, for the scheduler's failure paths.
 
-The renderer acts on words in a job's prompt: `fail` raises on every attempt; `crash-once` kills the
-worker process (`os._exit`) and `hang-once` never returns, on a job's first attempt only (a marker file
-in `markers` remembers it across worker processes); `wait-for PATH` holds the job until the file PATH
+The renderer acts on words in a job's prompt: `fail` raises on every attempt, `fail-on-gpu-0` on logical GPU 0
+only (a bad GPU), `out-of-memory` raises MemoryError as numpy does for an array too large, `hang` never returns;
+`crash-once` kills the worker process (`os._exit`) and `hang-once` never returns, on a job's first attempt only
+(a marker file in `markers` remembers it across worker processes); `wait-for PATH` holds the job until the file PATH
 exists, so a test decides when it may finish. Otherwise it is `worker.fake`'s sleeping renderer.
 
 Factories that fail a worker's start do it in `__init__` (`bad_gpu_zero`, `no_gpu_works`) or, as a GPU worker whose
@@ -41,11 +42,13 @@ class ScriptedRenderer(FakeRenderer):
     def __call__(self, request: RenderRequest, callback):
         words = request.prompt.split()
         once = f"{request.prompt}-{request.seed}".replace(" ", "_").replace("/", "_")
-        if "fail" in words:
+        if "fail" in words or ("fail-on-gpu-0" in words and _on_gpu_zero()):
             raise RuntimeError(f"scripted failure of seed {request.seed}")
+        if "out-of-memory" in words:
+            raise MemoryError("Unable to allocate 7.28 TiB for an array with shape (1048576, 1048576, 8) (scripted)")
         if "crash-once" in words and _first_time(self.markers, once):
             os._exit(1)
-        if "hang-once" in words and _first_time(self.markers, once):
+        if "hang" in words or ("hang-once" in words and _first_time(self.markers, once)):
             time.sleep(3600)
         if "wait-for" in words:
             gate = Path(words[words.index("wait-for") + 1])

@@ -14,6 +14,7 @@ import ray
 import yaml
 
 from farm import storage
+from toy.layout import PROMPT_WORDS, write_pipeline_files, write_tokenizer
 
 STATIC_FP8_QUANT = {
     "quant_method": "modelopt", "quant_algo": "FP8", "quant_type": "FP8_FP8", "weight_only": False,
@@ -23,6 +24,7 @@ STATIC_FP8_QUANT = {
 }
 
 
+TEXT_VOCAB = 151_936  # the transformer config's vocab_size (the published default)
 # The transformer's config: its latents are the VAE's (latent_channel = z_dim, patch_latent_dim = z_dim * 2 * 2).
 TRANSFORMER = {"_class_name": "Cosmos3OmniTransformer", "hidden_size": 32, "latent_channel": 4, "patch_latent_dim": 16}
 UNIPC = {"_class_name": "UniPCMultistepScheduler", "prediction_type": "flow_prediction", "use_flow_sigmas": True}
@@ -34,17 +36,19 @@ SOUND_TOKENIZER = {"_class_name": "Cosmos3AVAEAudioTokenizer", "sampling_rate": 
 
 
 def make_checkpoint(root: Path, *, static_fp8: bool = False, scheduler: dict = UNIPC, sound: bool = False) -> Path:
-    """Just enough of the published layout for the driver and the fake pipelines, which load no weights: the
-    configs cosmos3 checks requests and load options against (transformer, scheduler, VAE, sound tokenizer)
-    and whole safetensors files, which validation reads the headers of."""
+    """Just enough of the published layout for the driver and the fake pipelines, which load no weights: every
+    component a worker loads (model_index.json, the text tokenizer), the configs cosmos3 checks requests and
+    load options against (transformer, scheduler, VAE, sound tokenizer) and whole safetensors files, which
+    validation reads the headers of."""
     config: dict[str, Any] = dict(TRANSFORMER)
     if static_fp8:
         config["quantization_config"] = STATIC_FP8_QUANT
-    files = [("transformer/config.json", config), ("scheduler/scheduler_config.json", scheduler),
-             ("vae/config.json", VAE)]
+    files = [("transformer/config.json", config), ("vae/config.json", VAE)]
     if sound:
         config.update(sound_gen=True, sound_dim=SOUND_TOKENIZER["vocoder_input_dim"])
         files.append(("sound_tokenizer/config.json", SOUND_TOKENIZER))
+    write_pipeline_files(root, scheduler, sound=sound)  # model_index.json and scheduler/
+    write_tokenizer(root / "text_tokenizer", PROMPT_WORDS, vocab_size=TEXT_VOCAB)
     for path, data in files:
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(json.dumps(data))
@@ -78,6 +82,25 @@ def write_weights(directory: Path, *, static_fp8: bool) -> Path:
         old.unlink()
     save_file(tensors, directory / "diffusion_pytorch_model.safetensors")
     return directory
+
+
+def write_image(path: Path) -> Path:
+    """A small real PNG: validation decodes an I2V input's header."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (32, 16), (200, 30, 30)).save(path)
+    return path
+
+
+def write_video(path: Path) -> Path:
+    """A short real MP4: validation reads a V2V input's header."""
+    import imageio.v3 as iio
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    iio.imwrite(path, np.zeros((9, 32, 32, 3), np.uint8), fps=8)
+    return path
 
 
 def write_manifest(folder: Path, jobs: list[dict], *, name: str = "test", defaults: dict | None = None,

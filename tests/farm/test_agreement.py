@@ -21,7 +21,7 @@ from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest, RequestRules, problems
 from farm import manifest
 from farm.errors import ManifestError
-from tests.farm.helpers import make_checkpoint
+from tests.farm.helpers import make_checkpoint, write_image, write_video
 
 DISTILLED = {"_class_name": "FlowMatchEulerDiscreteScheduler", "stochastic_sampling": True,
              "fixed_step_sampler_config": {"t_list": [1.0, 0.9, 0.7, 0.3], "sample_type": "sde"}}
@@ -34,14 +34,18 @@ def _bounds(field: str, good: list, bad: list) -> list:
 
 
 JOBS = [
-    *_bounds("size", [[16, 16], [1280, 720], [2048, 16]],
-             [[0, 16], [-16, 16], [40, 32], [32, 20], [17.5, 16], ["32", 16], [True, 16], [40, 20]]),
-    *_bounds("frames", [1, 5, 189], [0, -3, 6, 100, 2.0, "9", True]),
-    *_bounds("fps", [0.001, 24, 120.5], [0, -1, INF, NAN, "24", False]),
-    *_bounds("steps", [1, 50], [0, -1, 2.5, True, "35"]),
-    *_bounds("guidance", [0, 6.5, 100], [-0.1, NAN, INF, -INF, "6"]),
-    *_bounds("seed", [0, 2**63 - 1], [2**63, -1, 1.5, True, "7"]),
-    *_bounds("prompt", ["x"], ["", "   ", 3, None]),
+    *_bounds("size", [[16, 16], [1280, 720], [2048, 16], [4096, 16]],
+             [[0, 16], [-16, 16], [40, 32], [32, 20], [17.5, 16], ["32", 16], [True, 16], [40, 20], [4112, 16],
+              [1 << 20, 1 << 20]]),
+    *_bounds("frames", [1, 5, 189, 509], [0, -3, 6, 100, 2.0, "9", True, 513, 4_000_000_001]),
+    *_bounds("fps", [1, 24, 120], [0, -1, INF, NAN, "24", False, 0.001, 120.5, 1e6, 1e-7, 10**400]),
+    *_bounds("steps", [1, 50, 1000], [0, -1, 2.5, True, "35", 1001, 10**12]),
+    *_bounds("guidance", [0, 6.5, 20], [-0.1, NAN, INF, -INF, "6", 20.5, 100, 1e38, 1e308, 10**400]),
+    *_bounds("seed", [0, 2**63 - 1], [2**63, -1, 1.5, True, "7", 10**400]),
+    *_bounds("prompt", ["x", "a red circle " * 1300], ["", "   ", 3, None, "a red circle " * 1400]),
+    # GEN tokens a pass: 256 x 256 patches of a 4096 x 4096 still fit, 48 latent frames of them do not
+    pytest.param({"size": [4096, 4096], "frames": 1}, id="tokens-4k-still"),
+    pytest.param({"size": [4096, 4096], "frames": 189}, id="tokens-4k-clip(bad)"),
     *_bounds("negative_prompt", ["", "blurry"], [3]),
     *_bounds("task", ["t2v", "t2i"], ["t3v", 3]),
     *_bounds("sound", [False], [True, "yes"]),  # the test checkpoint has no sound_gen
@@ -111,8 +115,8 @@ MODELS = [
 def _folder(tmp_path, scheduler=None):
     make_checkpoint(tmp_path / "ckpt", **({"scheduler": scheduler} if scheduler else {}))
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "frame.png").write_bytes(b"png")
-    (tmp_path / "in" / "clip.mp4").write_bytes(b"mp4")
+    write_image(tmp_path / "in" / "frame.png")
+    write_video(tmp_path / "in" / "clip.mp4")
     return tmp_path
 
 

@@ -72,8 +72,8 @@ def test_hostile_manifest_is_refused_with_one_located_message(tmp_path, capsys, 
 # Numbers YAML reads that no render can use (cosmos3.request's rules, which farm validate calls): a job
 # with guidance .nan rendered black and counted as done.
 NUMBERS = [
-    ("guidance: .nan", "guidance: nan is not a finite number >= 0"),
-    ("fps: .inf", "fps: inf is not a finite number > 0"),
+    ("guidance: .nan", "guidance: nan is not a finite number"),
+    ("fps: .inf", "fps: inf is not a finite number"),
     (f"seed: {2**70}", f"seed: {2**70} is not a whole number in [0, 2**63)"),
     (f"seeds: [1, {2**63}]", f"seeds[1]: seed: {2**63} is not a whole number in [0, 2**63)"),
 ]

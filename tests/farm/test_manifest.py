@@ -16,7 +16,7 @@ import ray
 from cosmos3.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
-from tests.farm.helpers import make_checkpoint, write_manifest
+from tests.farm.helpers import make_checkpoint, write_image, write_manifest
 
 CORPUS = Path(__file__).parent / "bad_manifests"
 BAD_MANIFESTS = [pytest.param(path, id=path.stem) for path in sorted(CORPUS.glob("*.yaml"))]
@@ -53,7 +53,7 @@ def test_bad_manifest_is_rejected_with_every_error_and_nothing_written(path, tmp
 
 def test_jobs_resolve_job_then_defaults_then_task_builtins(tmp_path):
     (tmp_path / "inputs").mkdir()
-    (tmp_path / "inputs" / "frame.png").write_bytes(b"png")
+    write_image(tmp_path / "inputs" / "frame.png")
     jobs = [{"id": "clip", "prompt": "a", "seed": 7},
             {"id": "still", "task": "t2i", "prompt": "b", "priority": 10},
             {"id": "extend", "task": "i2v", "prompt": "c", "image": "inputs/frame.png", "steps": 20},
@@ -146,8 +146,8 @@ def test_bare_off_means_step_precision_off(tmp_path):
 
 
 @pytest.mark.parametrize("value, seconds", DURATIONS)
-def test_durations_read_as_seconds(value, seconds):
-    assert fields.duration(value) == seconds
+def test_timeouts_read_as_seconds(value, seconds):
+    assert fields.timeout(value) == seconds
 
 
 def test_a_jobs_request_is_what_the_worker_resolves_it_to(tmp_path):
@@ -254,6 +254,42 @@ def test_checkpoint_damage_is_refused_at_validate_with_the_loaders_message(tmp_p
     assert f"model -> checkpoint: {at_load.value}" in capsys.readouterr().err  # names the file and the field
 
 
+# -- a component a worker loads, missing or broken (issue 49): refused at validate with the worker's own check ----
+
+def _remove(name: str):
+    def remove(root: Path) -> None:
+        shutil.rmtree(root / name) if (root / name).is_dir() else (root / name).unlink()
+    return remove
+
+
+def _broken_tokenizer_json(root: Path) -> None:
+    (root / "text_tokenizer" / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+
+
+@pytest.mark.parametrize("damage,component,message", [
+    pytest.param(_remove("text_tokenizer"), None, "missing text_tokenizer", id="no-text-tokenizer"),
+    pytest.param(_remove("model_index.json"), None, "missing model_index.json", id="no-model-index"),
+    pytest.param(_broken_tokenizer_json, "text_tokenizer", "the text tokenizer did not load", id="broken-tokenizer"),
+    pytest.param(_remove("text_tokenizer/tokenizer.json"), "text_tokenizer", "the text tokenizer did not load",
+                 id="no-tokenizer-json"),
+    pytest.param(_remove("text_tokenizer/tokenizer_config.json"), "text_tokenizer", "no tokenizer_config.json",
+                 id="no-tokenizer-config"),
+])
+def test_a_component_the_worker_loads_is_checked_at_validate(tmp_path, capsys, damage, component, message):
+    from cosmos3.checkpoint_header import check_layout
+    from cosmos3.errors import Cosmos3Error
+    from cosmos3.prompt import PromptTokenizer
+
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    root = tmp_path / "ckpt"
+    damage(root)
+    # What Cosmos3Pipeline.from_pretrained runs first: the layout, then the text tokenizer's load.
+    with pytest.raises(Cosmos3Error, match=message) as at_start:
+        check_layout(root) if component is None else PromptTokenizer.from_pretrained(root / component)
+    assert cli.main(["validate", str(path)]) == 1
+    assert f"model -> checkpoint: {at_start.value}" in capsys.readouterr().err
+
+
 # -- a vae/ a worker could not start with: refused at validate with the worker's own start check ---------------
 
 @pytest.mark.parametrize("damage,message", [
@@ -273,3 +309,24 @@ def test_vae_damage_is_refused_at_validate_with_the_workers_start_message(tmp_pa
         check_vae_dir(tmp_path / "ckpt" / "vae", latent_channel=4)
     assert cli.main(["validate", str(path)]) == 1
     assert f"model -> checkpoint: {at_start.value}" in capsys.readouterr().err
+
+
+def test_exponent_numbers_read_as_yaml_1_2_reads_them(tmp_path):
+    """YAML 1.1 reads `6.5e0` and `1e1` as strings; every user means the number."""
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    path.write_text(path.read_text().replace("prompt: x", "prompt: x\n  guidance: 6.5e0\n  fps: 1e1"))
+    request = manifest.load(path).jobs[0].request
+    assert (request.guidance, request.fps) == (6.5, 10.0)
+
+
+@pytest.mark.parametrize("task,field,content", [
+    pytest.param("i2v", "image", b"this is text, not a PNG\n", id="text-as-image"),
+    pytest.param("v2v", "video", b"this is text, not an MP4\n", id="text-as-video"),
+])
+def test_a_conditioning_input_whose_header_does_not_decode_is_refused_at_validate(tmp_path, task, field, content):
+    """Named like media, but not: refused at validate with the path and the decoder's reason, not at render."""
+    name = f"input.{'png' if field == 'image' else 'mp4'}"
+    (tmp_path / name).write_bytes(content)
+    path = write_manifest(tmp_path, [{"id": "a", "task": task, "prompt": "x", field: name, "frames": 9}])
+    with pytest.raises(ManifestError, match=rf"{field}: cannot read {tmp_path / name} as an? {field} \(.+\)"):
+        manifest.load(path)

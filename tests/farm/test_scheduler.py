@@ -124,7 +124,7 @@ def test_a_publish_past_its_timeout_takes_the_render_beside_it_back_to_the_queue
     markers = tmp_path / "markers"
     markers.mkdir()
     factory = functools.partial(fakes.publish_beside_render, markers=str(markers), hold="hang")
-    jobs = [{"id": "clip", "prompt": "x", "seeds": [0, 1], "timeout": 3}]
+    jobs = [{"id": "clip", "prompt": "x", "seeds": [0, 1], "timeout": 10}]
     report = _submit(write_manifest(tmp_path, jobs), factory=factory, workers=1)
     root = tmp_path / "out"
 
@@ -191,14 +191,17 @@ def test_always_failing_job_ends_failed_with_its_error_and_the_exit_code_is_not_
 
     assert args.func(args) == 1
     record = state(tmp_path / "out")["jobs"]
-    assert record["bad"]["state"] == "failed" and record["bad"]["attempts"] == 3  # retries: 2
+    # retries: 2, but it failed on both workers: the job's own fault, retried no more
+    assert record["bad"]["state"] == "failed" and record["bad"]["attempts"] == 2
     assert "RuntimeError: scripted failure" in record["bad"]["error"]
     assert record["good"]["state"] == record["also-good"]["state"] == "done"
-    assert "bad (failed, 3 attempts): RuntimeError: scripted failure" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad (failed, 2 attempts): RuntimeError: scripted failure of seed 0 (failed on 2 different workers: " \
+           "the job's own fault)" in err
 
 
 def test_a_job_past_its_timeout_has_its_worker_killed_and_is_requeued(tmp_path):
-    jobs = [{"id": "stuck", "prompt": "hang-once", "timeout": 2}, {"id": "next", "prompt": "fine"}]
+    jobs = [{"id": "stuck", "prompt": "hang-once", "timeout": 10}, {"id": "next", "prompt": "fine"}]
     report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path))
 
     assert report.ok and report.outcomes["stuck"].attempts == 2
@@ -206,14 +209,52 @@ def test_a_job_past_its_timeout_has_its_worker_killed_and_is_requeued(tmp_path):
     assert not temp_files(tmp_path / "out")
 
 
-def test_a_worker_failing_three_jobs_in_a_row_is_retired(tmp_path):
-    jobs = [{"id": f"bad{i}", "prompt": "fail", "retries": 0} for i in range(3)] + [{"id": "left", "prompt": "ok"}]
-    report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path), workers=1)
+def test_jobs_past_their_timeout_do_not_retire_the_last_worker(tmp_path):
+    """A job's timeout is its own: three of them kill and restart the only worker, and the job beside them renders."""
+    jobs = [{"id": f"stuck{i}", "prompt": "hang", "timeout": 10, "retries": 0, "priority": 10} for i in range(3)]
+    report = _submit(write_manifest(tmp_path, [*jobs, {"id": "good", "prompt": "fine"}]), factory=_scripted(tmp_path),
+                     workers=1)
+    kinds = [e["event"] for e in events(tmp_path / "out")]
 
-    assert not report.ok
-    assert [o.state for o in report.outcomes.values()] == ["failed", "failed", "failed", "pending"]
-    assert "no worker left" in report.outcomes["left"].error
-    assert [e["event"] for e in events(tmp_path / "out")].count("worker_retired") == 1
+    assert report.counts == {"done": 1, "failed": 3, "pending": 0, "skipped": 0}
+    assert kinds.count("job_timeout") == 3 and "worker_retired" not in kinds
+
+
+def test_a_worker_failing_three_jobs_that_render_elsewhere_is_retired(tmp_path):
+    """Logical GPU 0 fails every render: the jobs it failed render on GPU 1, so GPU 0 is to blame and retires."""
+    jobs = [{"id": f"job{i}", "prompt": "fail-on-gpu-0"} for i in range(8)]
+    report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path))
+    root = tmp_path / "out"
+
+    assert report.ok and report.counts["done"] == 8
+    retired = [e for e in events(root) if e["event"] == "worker_retired"]
+    assert [e["slot"] for e in retired] == [0] and "failed 3 different jobs in a row that rendered on other workers; " \
+        "last: RuntimeError: scripted failure" in retired[0]["reason"]
+    assert {json.loads((root / f"test/job{i}_s0.mp4.json").read_text())["worker"]["gpu"][0] for i in range(8)} == {"1"}
+
+
+# Issue 49: jobs that fail for their own reasons, beside good jobs; the workers are not to blame, and the good jobs
+# render. A job's own: out of memory for its size (on any number of workers), or failing on two different workers.
+BAD_JOBS = [
+    pytest.param("out-of-memory", 1, 3, "JobFault: MemoryError: Unable to allocate 7.28 TiB", id="oom-one-worker"),
+    pytest.param("out-of-memory", GPUS, 2, "JobFault: MemoryError: Unable to allocate 7.28 TiB", id="oom-two-workers"),
+    pytest.param("fail", GPUS, 2, "(failed on 2 different workers: the job's own fault)", id="fails-on-two-workers"),
+    pytest.param("fail", 1, 3, "RuntimeError: scripted failure", id="fails-on-the-last-worker"),
+]
+
+
+@pytest.mark.parametrize("prompt,workers,attempts,error", BAD_JOBS)
+def test_three_bad_jobs_fail_and_the_good_jobs_beside_them_render(tmp_path, prompt, workers, attempts, error):
+    jobs = [{"id": f"bad{i}", "prompt": prompt, "priority": 10} for i in range(3)]
+    jobs += [{"id": f"good{i}", "prompt": "fine"} for i in range(2)]
+    report = _submit(write_manifest(tmp_path, jobs), factory=_scripted(tmp_path), workers=workers)
+    kinds = [e["event"] for e in events(tmp_path / "out")]
+
+    assert report.counts == {"done": 2, "failed": 3, "pending": 0, "skipped": 0}
+    for i in range(3):
+        outcome = report.outcomes[f"bad{i}"]
+        assert outcome.attempts == attempts and error in outcome.error, outcome.error
+    assert "worker_retired" not in kinds and "run_stalled" not in kinds
 
 
 # A worker's start fails in __init__, or after ready() in the first job it takes (its VAE's background

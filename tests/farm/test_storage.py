@@ -200,3 +200,11 @@ def test_cleaning_a_jobs_temps_never_touches_another_jobs_and_finds_its_own(tmp_
 
     assert storage.discard_temps(a) == 1
     assert not mine.exists() and theirs.read_bytes() == b"in flight"
+
+
+def test_a_record_with_an_infinity_is_refused_not_written_as_json_that_readers_reject(tmp_path):
+    """Python's json writes `Infinity` by default, which strict readers (jq, JavaScript) reject."""
+    record = tmp_path / "a.png.json"
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        storage.write_json(record, {"timeout": float("inf")})
+    assert not record.exists() and not list(tmp_path.iterdir())
