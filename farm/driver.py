@@ -101,7 +101,8 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
     path = storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
     owner = lease.Owner.this_process(report.run_id, manifest.path)
     log = structlog.get_logger("farm")
-    held = lease.acquire(path, owner, wait=wait, on_wait=lambda holder: log.info("waiting", holder=holder.describe()))
+    held = lease.acquire(path, owner, wait=wait,
+                         on_wait=lambda holder, why: log.info("lease held", holder=holder.describe(), why=why))
     recorded = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("manifest", {})
     if recorded.get("path") not in (None, manifest.path):
         held.release()
