@@ -120,8 +120,7 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
 
 
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport) -> None:
-    for job in todo:
-        storage.discard_temps(job)  # left by a run that crashed mid-write
+    storage.discard_temps(*todo)  # left by a run that crashed mid-write
     _write_state(report, "running")
     connection = cluster.connect(options.address)
     # `ray job stop` and batch schedulers send SIGTERM: end as cleanly as Ctrl-C does. Installed after
@@ -189,6 +188,7 @@ def _write_state(report: RunReport, result: str) -> None:
     manifest = report.manifest
     path = storage.state_path(manifest.output_root, manifest.name)
     previous = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("jobs", {})
+    skipped = set(report.skipped)
     jobs = {}
     for job in manifest.jobs:
         entry = {"media": job.media, "config_hash": job.config_hash, "state": JobState.PENDING, "attempts": 0,
@@ -196,7 +196,7 @@ def _write_state(report: RunReport, result: str) -> None:
         old = previous.get(job.key, {})
         if old.get("config_hash") == job.config_hash:
             entry.update({k: old[k] for k in ("state", "attempts", "error") if k in old})
-        if job.key in report.skipped:
+        if job.key in skipped:
             entry.update(state=JobState.DONE, attempts=0, error=None)
         elif job.key in report.outcomes:
             outcome = report.outcomes[job.key]
