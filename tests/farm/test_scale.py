@@ -48,6 +48,7 @@ def test_200_jobs_on_32_gpus_of_4_nodes_are_each_published_once(tmp_path, capsys
     assert len({e["node"] for e in log if e["event"] == "worker_ready"}) == NODES
     assert {entry["state"] for entry in state(root)["jobs"].values()} == {"done"}
     assert len(output_files(root)) == 2 * len(jobs) and not temp_files(root)
+    capsys.readouterr()  # Ray's own output
     assert cli.main(["status", str(root), "--output", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["manifests"][0]["done"] == len(jobs)
 
