@@ -17,9 +17,9 @@ Scale mode (`--scale`): one manifest of each size in turn (e.g. 1,000, 3,000 and
 jobs as long as a studio's mix scaled down by SPEEDUP (stills and clips, log-normal), so that how the driver's
 costs grow with the queue shows in one run. Per size: the dispatch overhead per job (as above), the driver's CPU
 time per job and peak RSS, the sizes of the events log and state file, the time of `farm status` (a separate
-process, as a user runs it) taken every few seconds during the run, and what a resubmit of the finished manifest
-costs (every output checked, its folder swept for temp files). Last, bare Ray's dispatch overhead for the
-smallest size's durations on as many sleeping actors, for scale.
+process, as a user runs it) taken every few seconds during the run and once after it, and what a resubmit of the
+finished manifest costs (every output checked, its folder swept for temp files). Last, bare Ray's dispatch overhead
+for the smallest size's durations on as many sleeping actors, for scale.
 
     python benchmarks/bench_scheduler.py --scale 1000 3000 10000 --nodes 4 --gpus 8
 """
@@ -198,11 +198,16 @@ class _Watcher(threading.Thread):
         while not self.stop.wait(0.2):
             self.rss.append(_rss_mb())
             if time.monotonic() >= next_status and Path(self.root, storage.RECORDS_DIR).is_dir():
-                started = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "farm", "status", self.root, "--output", "json"], cwd=REPO,
-                               env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, check=True)
-                self.status.append(time.perf_counter() - started)
+                self.status.append(_time_status(self.root))
                 next_status = time.monotonic() + STATUS_EVERY
+
+
+def _time_status(root: str) -> float:
+    """Seconds of `farm status ROOT` as a user runs it: a new process."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "farm", "status", root, "--output", "json"], cwd=REPO,
+                   env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, check=True)
+    return time.perf_counter() - started
 
 
 def _scale_run(jobs: int) -> dict:
@@ -229,11 +234,12 @@ def _scale_run(jobs: int) -> dict:
         again = driver.submit(m, driver.SubmitOptions(factory=factory, progress=False))
         resubmit = time.perf_counter() - resubmit
         assert again.ok and len(again.skipped) == jobs, again.counts
+        status_done = _time_status(m.output_root)  # every sidecar there to read
         sweep = time.perf_counter()
         storage.discard_temps(*m.jobs)
         sweep = time.perf_counter() - sweep
         return {"jobs": jobs, "wall": wall, "load": load, "manifest_load": loaded, "overhead": overhead,
-                "resubmit": resubmit, "sweep": sweep,
+                "resubmit": resubmit, "sweep": sweep, "status_done": status_done,
                 "cpu_per_job": cpu / jobs, "rss_peak": max(watcher.rss), "status": watcher.status,
                 "events_mb": (records / "events.jsonl").stat().st_size / 2**20,
                 "state_mb": (records / "state.json").stat().st_size / 2**20}
@@ -243,7 +249,8 @@ def _scale_row(r: dict) -> str:
     status = f"{statistics.median(r['status']):.2f} / {max(r['status']):.2f}" if r["status"] else "-"
     return (f"| {r['jobs']} | {r['wall']:.0f} | {r['jobs'] / r['wall']:.0f} | {_ms(r['overhead'], 0.5)} | "
             f"{_ms(r['overhead'], 0.99)} | {1000 * r['cpu_per_job']:.2f} | {r['rss_peak']:.0f} | "
-            f"{r['events_mb']:.1f} | {r['state_mb']:.2f} | {status} ({len(r['status'])}) | {r['manifest_load']:.1f} | "
+            f"{r['events_mb']:.1f} | {r['state_mb']:.2f} | {status} ({len(r['status'])}) | {r['status_done']:.2f} | "
+            f"{r['manifest_load']:.1f} | "
             f"{r['resubmit']:.1f} | {r['sweep']:.2f} | {r['load']:.1f} |")
 
 
@@ -257,7 +264,8 @@ def _growth_row(small: dict, large: dict) -> str:
             f"{ratio(statistics.median(large['overhead']), statistics.median(small['overhead']))} | | "
             f"{ratio(large['cpu_per_job'], small['cpu_per_job'])} | {ratio(large['rss_peak'], small['rss_peak'])} | "
             f"{ratio(large['events_mb'], small['events_mb'])} | {ratio(large['state_mb'], small['state_mb'])} | "
-            f"{status} (max) | {ratio(large['manifest_load'], small['manifest_load'])} | "
+            f"{status} (max) | {ratio(large['status_done'], small['status_done'])} | "
+            f"{ratio(large['manifest_load'], small['manifest_load'])} | "
             f"{ratio(large['resubmit'], small['resubmit'])} | {ratio(large['sweep'], small['sweep'])} | |")
 
 
@@ -276,9 +284,10 @@ def scale(sizes: list[int], nodes: int, gpus: int) -> None:
               f"{' / '.join(f'{w:.0%} median {m:g} s' for w, m, _ in MIX)} / {SPEEDUP}; PNG 16x16 outputs; "
               f"`farm status` every {STATUS_EVERY:g} s\n")
         print("| jobs | wall (s) | jobs/s | dispatch overhead p50 (ms) | p99 | driver CPU per job (ms) "
-              "| driver RSS peak (MB) | events.jsonl (MB) | state.json (MB) | farm status p50 / max (s) (runs) "
-              "| manifest load (s) | resubmit, all done (s) | temp sweep (s) | load avg |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+              "| driver RSS peak (MB) | events.jsonl (MB) | state.json (MB) | farm status during the run p50 / max (s) "
+              "(runs) | farm status, all done (s) | manifest load (s) | resubmit, all done (s) | temp sweep (s) "
+              "| load avg |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         results = []
         for jobs in sizes:
             results.append(_scale_run(jobs))
