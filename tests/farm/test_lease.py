@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def other_host(path):
                                   env={**os.environ, "PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE)
         started.append(holder)
+        assert select.select([holder.stdout], [], [], 60)[0], "the holder did not take the lease within 60 s"
         assert holder.stdout.readline() == "held\n"
         return holder
 
@@ -108,8 +110,8 @@ def test_a_live_holder_on_a_host_with_a_skewed_clock_is_never_taken_over(path, o
     with pytest.raises(lease.LeaseHeld, match="being rendered by run remote .* on host-b"):
         lease.acquire(path, _owner("here"), poll=0.01)
     holder.stdin.close()  # releases
-    assert holder.stdout.read() == ""  # it never lost its lease
     assert holder.wait(60) == 0 and not path.exists()
+    assert holder.stdout.read() == ""  # it never lost its lease
 
 
 @pytest.mark.parametrize(("holder_skew", "reader_skew"), SKEWS)
