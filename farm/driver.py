@@ -12,7 +12,7 @@ import _thread
 import secrets
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +177,7 @@ def _record(report: RunReport) -> None:
         "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
         "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
         "counts": report.counts, "skipped": report.skipped,
-        "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
+        "jobs": report.outcomes,
     })
     report.summary_path = str(path)
     _write_state(report, _result(report))

@@ -85,9 +85,21 @@ def _errno(err: OSError) -> str:
 
 
 def write_json(final: Path, data: Any, attempt: int = 0, root: str | Path | None = None) -> None:
-    """Publishes a JSON file atomically (sidecars, farm state, run summaries)."""
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    publish(final, attempt, lambda temp: temp.write_text(text), root)
+    """Publishes a JSON file atomically (sidecars, farm state, run summaries). Dataclasses in `data` are written as
+    their fields, each when it is reached: a summary of 10,000 jobs is never copied whole, nor held as one string."""
+
+    def write(temp: Path) -> None:
+        with open(temp, "w") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, default=_fields)
+            handle.write("\n")
+
+    publish(final, attempt, write, root)
+
+
+def _fields(value: Any) -> dict:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def prepare_root(root: str | Path) -> None:
