@@ -18,7 +18,8 @@ jobs as long as a studio's mix scaled down by SPEEDUP (stills and clips, log-nor
 costs grow with the queue shows in one run. Per size: the dispatch overhead per job (as above), the driver's CPU
 time per job and peak RSS, the sizes of the events log and state file, the time of `farm status` (a separate
 process, as a user runs it) taken every few seconds during the run and once after it, and what a resubmit of the
-finished manifest costs (every output checked, its folder swept for temp files). Last, bare Ray's dispatch overhead
+finished manifest costs (every output checked, its folder swept for temp files: in one call, as a run's start
+does, and a call per job, as it did before, on a sample). Last, bare Ray's dispatch overhead
 for the smallest size's durations on as many sleeping actors, for scale.
 
     python benchmarks/bench_scheduler.py --scale 1000 3000 10000 --nodes 4 --gpus 8
@@ -57,6 +58,7 @@ MIX = [(0.7, 12.0, 0.3), (0.3, 90.0, 0.4)]
 SPEEDUP = 100  # render times divided by this, so 10,000 jobs on 32 GPUs take minutes
 SECONDS_PER_STEP = 0.01  # the fake's sleep per step: a job's duration is its step count
 STATUS_EVERY = 5.0  # seconds between `farm status` runs during a scale run
+SWEEP_SAMPLE = 200  # jobs whose one-call-per-job temp sweep is timed
 
 
 class Sleeper:
@@ -238,8 +240,14 @@ def _scale_run(jobs: int) -> dict:
         sweep = time.perf_counter()
         storage.discard_temps(*m.jobs)
         sweep = time.perf_counter() - sweep
+        # A call per job lists the full folder once per job (quadratic): timed on a sample, scaled to all jobs.
+        sample = m.jobs[:SWEEP_SAMPLE]
+        per_job = time.perf_counter()
+        for job in sample:
+            storage.discard_temps(job)
+        per_job = (time.perf_counter() - per_job) / len(sample) * jobs
         return {"jobs": jobs, "wall": wall, "load": load, "manifest_load": loaded, "overhead": overhead,
-                "resubmit": resubmit, "sweep": sweep, "status_done": status_done,
+                "resubmit": resubmit, "sweep": sweep, "sweep_per_job": per_job, "status_done": status_done,
                 "cpu_per_job": cpu / jobs, "rss_peak": max(watcher.rss), "status": watcher.status,
                 "events_mb": (records / "events.jsonl").stat().st_size / 2**20,
                 "state_mb": (records / "state.json").stat().st_size / 2**20}
@@ -251,7 +259,7 @@ def _scale_row(r: dict) -> str:
             f"{_ms(r['overhead'], 0.99)} | {1000 * r['cpu_per_job']:.2f} | {r['rss_peak']:.0f} | "
             f"{r['events_mb']:.1f} | {r['state_mb']:.2f} | {status} ({len(r['status'])}) | {r['status_done']:.2f} | "
             f"{r['manifest_load']:.1f} | "
-            f"{r['resubmit']:.1f} | {r['sweep']:.2f} | {r['load']:.1f} |")
+            f"{r['resubmit']:.1f} | {r['sweep']:.2f} / {r['sweep_per_job']:.1f} | {r['load']:.1f} |")
 
 
 def _growth_row(small: dict, large: dict) -> str:
@@ -266,7 +274,8 @@ def _growth_row(small: dict, large: dict) -> str:
             f"{ratio(large['events_mb'], small['events_mb'])} | {ratio(large['state_mb'], small['state_mb'])} | "
             f"{status} (max) | {ratio(large['status_done'], small['status_done'])} | "
             f"{ratio(large['manifest_load'], small['manifest_load'])} | "
-            f"{ratio(large['resubmit'], small['resubmit'])} | {ratio(large['sweep'], small['sweep'])} | |")
+            f"{ratio(large['resubmit'], small['resubmit'])} | {ratio(large['sweep'], small['sweep'])} / "
+            f"{ratio(large['sweep_per_job'], small['sweep_per_job'])} | |")
 
 
 def scale(sizes: list[int], nodes: int, gpus: int) -> None:
@@ -285,7 +294,8 @@ def scale(sizes: list[int], nodes: int, gpus: int) -> None:
               f"`farm status` every {STATUS_EVERY:g} s\n")
         print("| jobs | wall (s) | jobs/s | dispatch overhead p50 (ms) | p99 | driver CPU per job (ms) "
               "| driver RSS peak (MB) | events.jsonl (MB) | state.json (MB) | farm status during the run p50 / max (s) "
-              "(runs) | farm status, all done (s) | manifest load (s) | resubmit, all done (s) | temp sweep (s) "
+              "(runs) | farm status, all done (s) | manifest load (s) | resubmit, all done (s) "
+              "| temp sweep of all jobs, one call / a call per job (s) "
               "| load avg |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         results = []
