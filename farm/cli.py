@@ -16,13 +16,16 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from farm import claims, driver, lease, storage
+from farm import claims, lease, storage
 from farm import manifest as manifests
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
 from farm.job import Job
+
+if TYPE_CHECKING:
+    from farm import driver
 
 EXIT_INTERRUPTED = 130  # the shell's code for a process ended by Ctrl-C
 
@@ -142,6 +145,8 @@ def do_retry(args: argparse.Namespace) -> Result:
 
 
 def _run(m: manifests.Manifest, args: argparse.Namespace, only: frozenset[str] | None) -> Result:
+    from farm import driver  # imports Ray (~1 s): only the commands that render pay for it
+
     options = driver.SubmitOptions(
         address=args.address, workers=args.workers, max_workers=args.max_workers,
         accelerator_type=args.accelerator_type,
@@ -191,9 +196,10 @@ def _status_row(root: str, name: str, state: dict) -> dict[str, Any]:
     if "unreadable" in state:
         return {"manifest": name, "done": "-", "failed": "-", "pending": "-", "last_run": state["unreadable"]}
     counts = {"done": 0, "failed": 0, "pending": 0}
-    for entry in state["jobs"].values():
-        # Trust storage, not the record: a deleted or replaced output is pending again.
-        if storage.check_published(storage.state_files(entry), entry["config_hash"]) is None:
+    for entry in state.get("jobs", {}).values():
+        # Trust storage, not the record: a deleted or truncated output is pending again. Sizes, not hashes:
+        # reading every video of a 10,000-job manifest would take minutes; `farm plan` and submit read them.
+        if storage.check_published(storage.state_files(entry), entry["config_hash"], content=False) is None:
             counts["done"] += 1
         else:
             counts["failed" if entry.get("state") == "failed" else "pending"] += 1

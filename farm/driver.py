@@ -12,7 +12,7 @@ import _thread
 import secrets
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,8 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
     path = storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
     owner = lease.Owner.this_process(report.run_id, manifest.path)
     log = structlog.get_logger("farm")
-    held = lease.acquire(path, owner, wait=wait, on_wait=lambda holder: log.info("waiting", holder=holder.describe()))
+    held = lease.acquire(path, owner, wait=wait,
+                         on_wait=lambda holder, why: log.info("lease held", holder=holder.describe(), why=why))
 
     def lost(reason: str) -> None:
         report.error = f"run stopped: {reason}"
@@ -129,8 +130,7 @@ def _check_same_manifest(manifest: Manifest) -> None:
 
 
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport) -> None:
-    for job in todo:
-        storage.discard_temps(job)  # left by a run that crashed mid-write
+    storage.discard_temps(*todo)  # left by a run that crashed mid-write
     _write_state(report, "running")
     connection = cluster.connect(options.address)
     # `ray job stop` and batch schedulers send SIGTERM: end as cleanly as Ctrl-C does. Installed after
@@ -193,7 +193,7 @@ def _record(report: RunReport) -> None:
             "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
             "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
             "counts": report.counts, "skipped": report.skipped,
-            "jobs": {key: asdict(outcome) for key, outcome in report.outcomes.items()},
+            "jobs": report.outcomes,
         })
         report.summary_path = str(path)
     except StorageFault as err:
@@ -211,6 +211,7 @@ def _write_state(report: RunReport, result: str) -> None:
     manifest = report.manifest
     path = storage.state_path(manifest.output_root, manifest.name)
     previous = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("jobs", {})
+    skipped = set(report.skipped)
     jobs = {}
     for job in manifest.jobs:
         entry = {"media": job.media, "files": list(job.files), "config_hash": job.config_hash,
@@ -218,7 +219,7 @@ def _write_state(report: RunReport, result: str) -> None:
         old = previous.get(job.key, {})
         if old.get("config_hash") == job.config_hash:
             entry.update({k: old[k] for k in ("state", "attempts", "error") if k in old})
-        if job.key in report.skipped:
+        if job.key in skipped:
             entry.update(state=JobState.DONE, attempts=0, error=None)
         elif job.key in report.outcomes:
             outcome = report.outcomes[job.key]

@@ -3,10 +3,15 @@
 `<root>/.farm/<name>/lease.json` names its owner (host, pid, run id, manifest). It is created atomically: a
 complete temp file is hard-linked into place, which fails when a lease exists, on local disks and NFS alike
 (where hard links are not supported, as on some FUSE mounts, an O_EXCL create stands in). The owner touches
-it every REFRESH seconds while the run lasts and removes it at the end. A lease is stale when its owner is
-known dead (same host, pid gone) or it was not touched for STALE seconds (a driver on another host that was
-SIGKILLed or lost its node). A stale lease is renamed aside before it is replaced, so of two drivers taking
-it over at once only one can; a driver that finds its own lease gone or replaced stops its run.
+it every REFRESH seconds while the run lasts and removes it at the end.
+
+Whether an owner is alive is judged without comparing clocks, since drivers on different hosts (and the file
+server) need not agree on the time: an owner on this host is alive while its pid is; an owner elsewhere is alive
+while its touches keep changing the file's modification time, and dead once the reader, timing on its own
+monotonic clock, has seen it stand still for STALE seconds. The time a touch records is never read as a time,
+only compared with the last one seen, so a clock minutes off on either side changes nothing. A lease judged
+dead is renamed aside before it is replaced, so of two drivers taking it over at once only one can; a driver
+that finds its own lease gone or replaced stops its run.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 
 from farm import storage
 from farm.errors import FarmError
 
 REFRESH = 5.0  # seconds between touches of a held lease
-STALE = 60.0  # seconds without a touch after which the owner is taken for dead (allowing for clock skew)
+STALE = 60.0  # seconds of the reader's monotonic clock a lease elsewhere may go untouched before its owner is dead
+GARBLED = 1.0  # seconds a lease may read as garbled before it is reported (an O_EXCL create is being written)
 LEASE_FILE = "lease.json"
 
 
@@ -37,15 +44,37 @@ class Owner:
     pid: int
     run: str
     manifest: str  # path of the manifest the run renders
-    started: float  # time.time() when the lease was taken
+    started: float  # time.time() when the lease was taken, for people to read
 
     @classmethod
     def this_process(cls, run: str, manifest: str) -> Owner:
         return cls(socket.gethostname(), os.getpid(), run, manifest, time.time())
 
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        """# Raises: ValueError saying what is wrong with the text."""
+        data = json.loads(text)
+        kinds = {"host": str, "pid": int, "run": str, "manifest": str, "started": (int, float)}
+        if not isinstance(data, dict) or set(data) != set(kinds):
+            raise ValueError(f"expected the keys {', '.join(kinds)}")
+        wrong = [key for key, kind in kinds.items() if not isinstance(data[key], kind) or isinstance(data[key], bool)]
+        if wrong:
+            raise ValueError(f"wrong type of {', '.join(wrong)}")
+        return cls(**data)
+
     def describe(self) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         return f"run {self.run} (pid {self.pid} on {self.host}, since {started}, manifest {self.manifest})"
+
+
+@dataclass(frozen=True)
+class Look:
+    """What one read of a lease file found."""
+
+    owner: Owner | None  # None: the file is not a lease (garbled, edited by hand)
+    beat: tuple[int, int]  # (inode, mtime in ns): changes with every touch and every new lease
+    problem: str | None = None  # why `owner` is None
+    mtime: float = 0.0  # the touch's time by the toucher's (or file server's) clock: a hint for people only
 
 
 class LeaseHeld(FarmError):
@@ -55,6 +84,15 @@ class LeaseHeld(FarmError):
         self.holder = holder
         super().__init__(f"{path.parent.name} in {path.parents[2]} is being rendered by {holder.describe()}; "
                          "wait for it (farm submit --wait), or stop that run first")
+
+
+class LeaseDamaged(FarmError):
+    """The lease file is there but is not a lease: no driver can tell whether another one runs."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path} is not a lease the farm wrote ({problem}); if no `farm submit` of "
+                         f"{path.parent.name} into {path.parents[2]} is running (check its host), delete the file "
+                         "and submit again")
 
 
 def pid_alive(pid: int) -> bool:
@@ -68,28 +106,70 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def read(path: Path) -> Owner | None:
-    """The lease's owner; None when there is no lease or it cannot be read (half-written by hand, damaged)."""
+def look(path: Path) -> Look | None:
+    """Reads the lease at `path`; None when there is none. Opening the file (rather than a stat of the path)
+    makes an NFS client fetch its attributes afresh (close-to-open), so a touch elsewhere is seen."""
     try:
-        return Owner(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        with open(path, "rb") as handle:
+            stat = os.fstat(handle.fileno())
+            text = handle.read().decode("utf-8", "replace")
+    except FileNotFoundError:
         return None
+    except OSError as err:
+        return Look(None, (0, 0), f"cannot read it: {err.strerror or err}")
+    beat = (stat.st_ino, stat.st_mtime_ns)
+    try:
+        return Look(Owner.parse(text), beat, mtime=stat.st_mtime)
+    except (ValueError, TypeError) as err:
+        return Look(None, beat, f"{type(err).__name__}: {err}" if str(err) else "empty", stat.st_mtime)
+
+
+def read(path: Path) -> Owner | None:
+    """The lease's owner; None when there is no lease or it is not one (garbled)."""
+    seen = look(path)
+    return seen.owner if seen is not None else None
 
 
 def holder(path: Path) -> Owner | None:
-    """The owner of a live lease at `path`, else None (no lease, or a stale one: its run was interrupted)."""
-    owner = read(path)
-    return owner if owner is not None and not _stale(path, owner) else None
+    """The owner of the lease at `path` unless it looks dead at a glance (for `farm status`, which cannot watch
+    for a minute). An owner elsewhere looks dead when its last touch is STALE seconds older than this host's
+    clock: a hint that clock skew can mislead, so it never decides a takeover (`acquire` watches instead)."""
+    seen = look(path)
+    if seen is None or seen.owner is None:
+        return None
+    if seen.owner.host == socket.gethostname():
+        return seen.owner if pid_alive(seen.owner.pid) else None
+    return seen.owner if time.time() - seen.mtime <= STALE else None
 
 
-def _stale(path: Path, owner: Owner | None) -> bool:
-    try:
-        age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
-        return False  # released meanwhile: not stale, just gone
-    if owner is not None and owner.host == socket.gethostname() and not pid_alive(owner.pid):
-        return True
-    return age > STALE
+class Verdict(Enum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"  # an owner elsewhere whose touches have not been watched long enough
+
+
+class Watch:
+    """Judges one lease's owner from successive looks, timing them on this process's monotonic clock."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int] | None = None  # the beat of the first look
+        self.beat: tuple[int, int] | None = None
+        self.since = 0.0  # monotonic time `beat` was first seen
+
+    def judge(self, seen: Look) -> Verdict:
+        now = time.monotonic()
+        if seen.beat != self.beat:
+            self.beat, self.since = seen.beat, now
+            self.first = self.first or seen.beat
+        owner = seen.owner
+        if owner is not None and owner.host == socket.gethostname():
+            return Verdict.ALIVE if pid_alive(owner.pid) else Verdict.DEAD
+        if now - self.since > STALE:
+            return Verdict.DEAD
+        return Verdict.ALIVE if owner is not None and seen.beat != self.first else Verdict.UNKNOWN
+
+    def unchanged_for(self) -> float:
+        return time.monotonic() - self.since
 
 
 class Lease:
@@ -107,15 +187,18 @@ class Lease:
 
     def _refresh(self, on_lost: Callable[[str], None]) -> None:
         while not self._stop.wait(REFRESH):
-            current = read(self.path)
-            if current is None and not self.path.exists():
+            seen = look(self.path)
+            if seen is None:
                 on_lost(f"its lease {self.path} vanished (was the output root deleted or unmounted?)")
                 return
-            if current is not None and current.run != self.owner.run:
-                on_lost(f"{current.describe()} took over its lease (this driver was not heard from for {STALE:g} s)")
+            if seen.owner is None or seen.owner.run != self.owner.run:
+                taker = seen.owner.describe() if seen.owner else f"a damaged lease ({seen.problem})"
+                on_lost(f"{taker} took over its lease (no touch of it was seen for {STALE:g} s)")
                 return
+            # The touch's time only has to differ from the last one; this host's clock is as good as any.
+            now = time.time()
             with contextlib.suppress(OSError):
-                os.utime(self.path)
+                os.utime(self.path, (now, now))
 
     def release(self) -> None:
         self._stop.set()
@@ -125,29 +208,38 @@ class Lease:
             self.path.unlink(missing_ok=True)
 
 
-def acquire(path: Path, owner: Owner, *, wait: bool = False, on_wait: Callable[[Owner], None] | None = None,
-            poll: float = REFRESH) -> Lease:
-    """Takes the lease at `path`. A live holder: LeaseHeld, or with `wait`, waits until it is released or stale.
+def acquire(path: Path, owner: Owner, *, wait: bool = False, on_wait: Callable[[Owner, str], None] | None = None,
+            poll: float = 1.0) -> Lease:
+    """Takes the lease at `path`. A live holder: LeaseHeld, or with `wait`, waits until it is released or dead.
+    A holder on another host is watched until a touch shows it alive or STALE seconds without one show it dead;
+    `on_wait(holder, why)` says so once per holder.
 
-    # Raises: LeaseHeld; OSError when the folder cannot be written.
+    # Raises: LeaseHeld; LeaseDamaged (the file is not a lease); OSError when the folder cannot be written.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    waited_for = None
+    watch, told = Watch(), None
     while True:
         if _create(path, owner):
             return Lease(path, owner)
-        current = read(path)
-        if _stale(path, current):
-            _take_over(path, current)
+        seen = look(path)
+        if seen is None:  # released meanwhile
             continue
-        if current is None:  # released meanwhile, or being written by hand: look again
-            time.sleep(0.05)
+        verdict = watch.judge(seen)
+        if seen.owner is None:
+            if watch.unchanged_for() > GARBLED:
+                raise LeaseDamaged(path, seen.problem or "unreadable")
+        elif verdict is Verdict.DEAD:
+            _take_over(path, seen)
+            watch = Watch()
             continue
-        if not wait:
-            raise LeaseHeld(path, current)
-        if on_wait is not None and current != waited_for:
-            on_wait(current)
-            waited_for = current
+        elif verdict is Verdict.ALIVE and not wait:
+            raise LeaseHeld(path, seen.owner)
+        elif on_wait is not None and (seen.owner, verdict) != told:
+            why = (f"its driver's host {seen.owner.host} is not this one: watching its lease for a touch "
+                   f"(one every {REFRESH:g} s while it lives; {STALE:g} s without one: taken over)"
+                   if verdict is Verdict.UNKNOWN else "waiting for it to end (--wait)")
+            on_wait(seen.owner, why)
+            told = (seen.owner, verdict)
         time.sleep(poll)
 
 
@@ -180,16 +272,17 @@ def _create_exclusive(path: Path, text: str) -> bool:
     return True
 
 
-def _take_over(path: Path, judged: Owner | None) -> None:
-    """Moves the stale lease aside; if what moved is not the lease judged stale (another driver replaced it in
-    the meantime), puts it back."""
+def _take_over(path: Path, judged: Look) -> None:
+    """Moves the dead lease aside; if what moved is not the lease judged dead (touched since, or another driver
+    replaced it in the meantime: a rename keeps inode and mtime), puts it back."""
     aside = path.with_name(f".{path.name}.stale.{os.getpid()}.{secrets.token_hex(4)}")
     try:
         os.rename(path, aside)
     except FileNotFoundError:
         return
     try:
-        if read(aside) != judged:
+        moved = look(aside)
+        if moved is None or moved.beat != judged.beat:
             with contextlib.suppress(FileExistsError):
                 os.link(aside, path)
     finally:

@@ -466,5 +466,6 @@ class _Resolver:
 
     def _input_hash(self, path: str) -> str:
         if path not in self._input_hashes:
-            self._input_hashes[path] = storage.sha256_file(Path(path))  # in chunks: an input may be gigabytes
+            with open(path, "rb") as handle:  # an input may be a link to the user's file: followed here
+                self._input_hashes[path] = storage.hash_handle(handle)[0]  # in chunks: an input may be gigabytes
         return self._input_hashes[path]

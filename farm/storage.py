@@ -48,17 +48,19 @@ _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def temp_path(final: Path) -> Path:
     """`.{name}.{16 random hex digits}.tmp` beside `final`: hidden, unpredictable (nobody can plant a link at it
-    beforehand), and recognised by `is_temp_of` by its exact shape, never by a pattern built from a file name."""
+    beforehand), and recognised by `temp_target` by its exact shape, never by a pattern built from a file name."""
     return final.parent / f".{final.name}.{secrets.token_hex(_TEMP_TOKEN // 2)}.tmp"
 
 
-def is_temp_of(name: str, final: Path) -> bool:
-    """Whether the file `name` is a temp of `final`: the literal name, then exactly one random token."""
-    prefix, suffix = f".{final.name}.", ".tmp"
-    if not (name.startswith(prefix) and name.endswith(suffix)):
-        return False
-    token = name[len(prefix):-len(suffix)]
-    return len(token) == _TEMP_TOKEN and set(token) <= _HEX
+def temp_target(name: str) -> str | None:
+    """The file name a temp named `name` stands for (`.x.png.<16 hex digits>.tmp` -> `x.png`), read by its exact
+    shape; None for any other name."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    target, _, token = name[1:-len(".tmp")].rpartition(".")
+    if not target or len(token) != _TEMP_TOKEN or not set(token) <= _HEX:
+        return None
+    return target
 
 
 def create_temp(final: Path) -> tuple[Path, IO[bytes]]:
@@ -92,7 +94,7 @@ def publish(final: Path, write: Callable[[IO[bytes]], None], root: str | Path | 
             write(out)
             out.flush()
             os.fsync(out.fileno())
-            published = _hash(out)
+            published = hash_handle(out)
             _rename_own(temp, final, os.fstat(out.fileno()))
         _fsync_dir(final.parent)
     except BaseException as err:
@@ -138,7 +140,7 @@ class Publication:
         return published
 
     def json(self, final: Path, data: Any) -> tuple[str, int]:
-        return self.file(final, lambda out: out.write(_json_text(data)))
+        return self.file(final, _json_writer(data))
 
     def __exit__(self, kind, error, trace) -> None:
         if error is None:
@@ -156,14 +158,28 @@ def _errno(err: OSError) -> str:
 
 
 def write_json(final: Path, data: Any, root: str | Path | None = None) -> tuple[str, int]:
-    """Publishes a JSON file atomically (farm state, run summaries). Strict JSON: a NaN or infinity raises
-    ValueError instead of writing `NaN`/`Infinity`, which other JSON readers refuse."""
-    text = _json_text(data)
-    return publish(final, lambda out: out.write(text), root)
+    """Publishes a JSON file atomically (farm state, run summaries)."""
+    return publish(final, _json_writer(data), root)
 
 
-def _json_text(data: Any) -> bytes:
-    return (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+def _json_writer(data: Any) -> Callable[[IO[bytes]], None]:
+    """Writes `data` as strict JSON: a NaN or infinity raises ValueError instead of writing `NaN`/`Infinity`, which
+    other JSON readers refuse. Dataclasses are written as their fields, each when it is reached: a summary of
+    10,000 jobs is never copied whole, nor held as one string."""
+    encoder = json.JSONEncoder(indent=2, sort_keys=True, allow_nan=False, default=_fields)
+
+    def write(out: IO[bytes]) -> None:
+        for chunk in encoder.iterencode(data):
+            out.write(chunk.encode())
+        out.write(b"\n")
+
+    return write
+
+
+def _fields(value: Any) -> dict:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def name_max(folder: str | Path) -> int:
@@ -231,7 +247,7 @@ def check_root(root: str | Path) -> None:
                            f"fix its permissions or pick another output.root{missing}")
 
 
-def _hash(handle: IO[bytes]) -> tuple[str, int]:
+def hash_handle(handle: IO[bytes]) -> tuple[str, int]:
     """The sha256 and size of what `handle` holds, read from its start."""
     handle.seek(0)
     digest, size = hashlib.sha256(), 0
@@ -258,7 +274,7 @@ def sha256_file(path: Path) -> tuple[str, int]:
     with open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)) as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file")
-        return _hash(handle)
+        return hash_handle(handle)
 
 
 def _file_record(path: str, published: tuple[str, int]) -> dict:
@@ -306,14 +322,16 @@ def read_sidecar(media: str | Path) -> dict | None:
 _FILE_ENTRIES = ("media", "wav")
 
 
-def check_published(files: tuple[str, ...] | list[str], config_hash: str, attempt: tuple[str, int] | None = None
-                    ) -> str | None:
+def check_published(files: tuple[str, ...] | list[str], config_hash: str, attempt: tuple[str, int] | None = None,
+                    *, content: bool = True) -> str | None:
     """None when the render of `config_hash` is published as `files` (a job's `files`: what the manifest says it
     must have, the media first); else why not. Each must be a regular file (not a link) whose sha256 and size are
     the ones its sidecar records: the sidecar's own list of files is never what decides.
 
     `attempt` (run id, attempt number) also requires that attempt to be the publisher: a result is only
-    accepted from the attempt the driver is waiting for, never from a stale one.
+    accepted from the attempt the driver is waiting for, never from a stale one. Without `content`, each file's
+    size stands in for its sha256: a look that costs no reading of the media (`farm status` of 10,000 videos),
+    which a deleted or truncated file fails but a replacement of the same size passes.
     """
     sidecar = read_sidecar(files[0])
     if sidecar is None:
@@ -324,13 +342,19 @@ def check_published(files: tuple[str, ...] | list[str], config_hash: str, attemp
         return f"sidecar is from run {sidecar.get('run')} attempt {sidecar.get('attempt')}, not {attempt}"
     for entry, path in zip(_FILE_ENTRIES, files, strict=False):
         try:
-            digest, size = sha256_file(Path(path))
+            if content:
+                found = sha256_file(Path(path))
+            else:  # no reading: the size alone, of a regular file (lstat: a link is not one)
+                info = os.lstat(path)
+                found = (None, info.st_size) if stat.S_ISREG(info.st_mode) else None
         except FileNotFoundError:
             return f"{entry} missing"
         except OSError:  # ELOOP: a link; or a folder, a FIFO
+            found = None
+        if found is None:
             return f"{entry} is not a regular file"
-        recorded = sidecar.get(entry)
-        if not isinstance(recorded, dict) or (recorded.get("sha256"), recorded.get("bytes")) != (digest, size):
+        recorded = sidecar.get(entry) if isinstance(sidecar.get(entry), dict) else {}
+        if (recorded.get("sha256") if content else None, recorded.get("bytes")) != found:
             return f"{entry} does not match its sidecar"
     return None
 
@@ -339,20 +363,27 @@ def is_done(job: Job) -> bool:
     return check_published(job.files, job.config_hash) is None
 
 
-def discard_temps(job: Job) -> int:
-    """Removes temp files that earlier attempts of `job` left (a worker killed mid-write), each matched literally
-    (`is_temp_of`): glob characters in a file name match nothing but themselves. Returns how many."""
-    finals = [Path(f) for f in (*job.files, sidecar_path(job.media))]
+def discard_temps(*jobs: Job) -> int:
+    """Removes temp files that earlier attempts of `jobs` left (a worker killed mid-write). Returns how many.
+
+    Each folder is listed once however many jobs write there (a run's start sweeps 10,000 jobs of one folder in
+    one listing, not 10,000), and names are matched literally (`temp_target`): glob characters in a file name
+    match nothing but themselves.
+    """
+    targets: dict[Path, set[str]] = {}
+    for job in jobs:
+        for final in map(Path, (*job.files, sidecar_path(job.media))):
+            targets.setdefault(final.parent, set()).add(final.name)
     removed = 0
-    for folder in {final.parent for final in finals}:
+    for folder, names in targets.items():
         try:
-            names = os.listdir(folder)
-        except FileNotFoundError:
+            entries = os.listdir(folder)
+        except OSError:  # not made yet: nothing was written there
             continue
-        for name in names:
-            if any(final.parent == folder and is_temp_of(name, final) for final in finals):
+        for entry in entries:
+            if temp_target(entry) in names:
                 with contextlib.suppress(FileNotFoundError):
-                    (folder / name).unlink()
+                    (folder / entry).unlink()
                     removed += 1
     return removed
 
