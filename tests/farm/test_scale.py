@@ -83,9 +83,11 @@ def test_one_sweep_removes_the_leftovers_of_many_jobs_of_a_folder_and_only_their
     m = manifest.load(write_manifest(tmp_path, jobs, output={"path": "[x]{id}"}))
     folder = Path(m.jobs[0].media).parent
     folder.mkdir(parents=True)
-    leftovers = [f".{Path(job.media).name}.a1.99.tmp" for job in m.jobs]
-    leftovers += [f".{storage.sidecar_path(job.media).name}.a2.7.tmp" for job in m.jobs]
-    kept = [".xj0.mp4.a1.99.tmp", ".j0.mp4.a1.99.tmp", "[x]j0.mp4", ".[x]j0.mp4.a1.tmp", ".[x]j0.mp4.ax.9.tmp"]
+    leftovers = [storage.temp_path(Path(job.media)).name for job in m.jobs]
+    leftovers += [storage.temp_path(storage.sidecar_path(job.media)).name for job in m.jobs]
+    token = "0123456789abcdef"  # a temp's random part: 16 hex digits
+    kept = [f".xj0.mp4.{token}.tmp", f".j0.mp4.{token}.tmp", "[x]j0.mp4", f".[x]j0.mp4.{token[:15]}.tmp",
+            f".[x]j0.mp4.{token[:15]}g.tmp"]
     for name in leftovers + kept:
         (folder / name).write_bytes(b"x")
 
