@@ -41,7 +41,7 @@ def test_input_scales_are_the_max_of_our_pipelines_renders(bf16, exported):
             seen[name] = max(seen.get(name, 0.0), args[0].abs().amax().float().item())
         model.get_submodule(name).register_forward_pre_hook(record)
     velocity = DiffusersVelocity(model, Cosmos3Config.from_json(bf16 / "transformer" / "config.json"))
-    pipe = Cosmos3Pipeline.from_pretrained(bf16, model=velocity)
+    pipe = Cosmos3Pipeline.from_pretrained(bf16, model=velocity, cache="off")  # as the export calibrates
     for request in CALIBRATION:
         pipe(request)
     state = load_transformer(exported).state_dict()
