@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from farm import storage
+from farm import storage, template
 from farm.errors import FarmError
 
 CLAIMS_FILE = "claims.json"
@@ -38,9 +38,11 @@ def claims_path(root: str | Path, name: str) -> Path:
 
 
 def wanted(manifest) -> dict[str, str]:
-    """Every file the manifest's jobs publish, relative to its root -> the job's key."""
-    root = Path(manifest.output_root)
-    return {str(Path(path).relative_to(root)): job.key for job in manifest.jobs for path in job.files}
+    """Every file the manifest's jobs publish, where it is really written (its folders' symlinks resolved, as
+    publishing follows them), relative to its root -> the job's key."""
+    real_root = Path(manifest.output_root).resolve()
+    return {str(template.check_target(manifest.output_root, path, storage.RECORDS_DIR).relative_to(real_root)): job.key
+            for job in manifest.jobs for path in job.files}
 
 
 def check(manifest) -> None:
