@@ -6,7 +6,7 @@ publish: `<root>/.farm/<name>/claims.json` lists them, relative to the root, wit
 claimed by another manifest is refused at validate, plan and submit, naming that manifest and its job.
 
 A submit rewrites its claims (jobs removed from the manifest give their files back) under an exclusive lock on
-`<root>/.farm/claims.lock`, held from reading the others' claims to publishing its own, so of two submits
+`<root>/.farm/.claims.lock`, held from reading the others' claims to publishing its own, so of two submits
 started at once only one can take a file. Validate and plan only read.
 """
 
@@ -24,7 +24,7 @@ from farm import storage, template
 from farm.errors import FarmError
 
 CLAIMS_FILE = "claims.json"
-LOCK_FILE = "claims.lock"
+LOCK_FILE = ".claims.lock"  # a dot first: no manifest name (an id starts with a letter or digit) is it
 CLAIMS_FORMAT = 1
 log = structlog.get_logger("farm")
 
