@@ -76,9 +76,11 @@ def connect(address: str | None) -> Connection:
                 # "local": a new cluster even when one started by `ray start` runs on this machine (plain
                 # ray.init() would join the newest of those instead).
                 context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
-    except (ConnectionError, RuntimeError, ValueError) as err:
+    except BaseException as err:  # Ctrl-C while Ray starts too
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
+        if not isinstance(err, (ConnectionError, RuntimeError, ValueError)):
+            raise
         hint = "" if token or not address else (
             "; if the cluster uses token authentication (Ray's default), this machine has no token: copy the "
             "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")

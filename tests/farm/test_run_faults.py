@@ -22,7 +22,7 @@ import pytest
 import ray
 from ray._common.utils import get_default_system_temp_dir
 
-from farm import cli, driver, lease, manifest, reaper, storage
+from farm import cli, cluster, driver, lease, manifest, reaper, storage
 from tests.farm import fakes
 from tests.farm.helpers import events, local_cluster, output_files, publish, state, temp_files, write_manifest
 from worker import fake
@@ -139,6 +139,21 @@ def test_an_embedded_cluster_leaves_nothing_in_the_temp_dir(tmp_path, farm, own_
     path = write_manifest(tmp_path, SLOW_JOBS[:1])
     run = farm("submit", str(path), env=env, output=subprocess.DEVNULL)
     assert run.wait(timeout=300) == 0
+    assert list(temp.iterdir()) == []
+
+
+def test_ctrl_c_while_the_embedded_cluster_starts_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+    def interrupted(**_):
+        raise KeyboardInterrupt
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.connect(None)
     assert list(temp.iterdir()) == []
 
 
