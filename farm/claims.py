@@ -6,7 +6,7 @@ publish: `<root>/.farm/<name>/claims.json` lists them, relative to the root, wit
 claimed by another manifest is refused at validate, plan and submit, naming that manifest and its job.
 
 A submit rewrites its claims (jobs removed from the manifest give their files back) under an exclusive lock on
-`<root>/.farm/claims.lock`, held from reading the others' claims to publishing its own, so of two submits
+`<root>/.farm/.claims.lock`, held from reading the others' claims to publishing its own, so of two submits
 started at once only one can take a file. Validate and plan only read.
 """
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import structlog
 
-from farm import storage
+from farm import storage, template
 from farm.errors import FarmError
 
 CLAIMS_FILE = "claims.json"
-LOCK_FILE = "claims.lock"
+LOCK_FILE = ".claims.lock"  # a dot first: no manifest name (an id starts with a letter or digit) is it
 CLAIMS_FORMAT = 1
 log = structlog.get_logger("farm")
 
@@ -38,9 +38,11 @@ def claims_path(root: str | Path, name: str) -> Path:
 
 
 def wanted(manifest) -> dict[str, str]:
-    """Every file the manifest's jobs publish, relative to its root -> the job's key."""
-    root = Path(manifest.output_root)
-    return {str(Path(path).relative_to(root)): job.key for job in manifest.jobs for path in job.files}
+    """Every file the manifest's jobs publish, where it is really written (its folders' symlinks resolved, as
+    publishing follows them), relative to its root -> the job's key."""
+    real_root = Path(manifest.output_root).resolve()
+    return {str(template.check_target(manifest.output_root, path, storage.RECORDS_DIR).relative_to(real_root)): job.key
+            for job in manifest.jobs for path in job.files}
 
 
 def check(manifest) -> None:

@@ -187,7 +187,9 @@ def do_status(args: argparse.Namespace) -> Result:
     states = storage.read_states(args.output_root)
     if not states:
         expected = f"{storage.RECORDS_DIR}/<name>/state.json"
-        raise StateError(f"no farm records under {args.output_root} (expected {expected})")
+        hint = ("; farm status takes an output root (a manifest's output.root), not a file"
+                if Path(args.output_root).is_file() else "")
+        raise StateError(f"no farm records under {args.output_root} (expected {expected}){hint}")
     rows = [_status_row(args.output_root, name, state) for name, state in states.items()]
     return Result(True, _table(rows), {"manifests": rows})
 

@@ -6,16 +6,21 @@ no GPUs gets CPU workers instead, for the demo.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+from ray._common.utils import get_default_system_temp_dir  # where Ray puts its sessions: no public API
 from ray._private import worker as ray_worker  # its log printer: there is no public hook for it
 
 try:  # Ray's token lookup; there is no public API for it
@@ -34,6 +39,7 @@ class Connection:
     owned: bool  # this process started the cluster (or the connection) and shuts it down
     dashboard_url: str | None
     reaper: subprocess.Popen | None = None  # farm.reaper, watching over a cluster this process started
+    temp_dir: Path | None = None  # the embedded cluster's processes' $TMPDIR, removed with the cluster
 
 
 @dataclass(frozen=True)
@@ -56,14 +62,25 @@ def connect(address: str | None) -> Connection:
     if ray.is_initialized():
         return Connection(owned=False, dashboard_url=None)
     token = address is not None and _use_token_auth()
+    temp_dir = None
     try:
         if address:
             context = ray.init(address=address)
         else:
-            # "local": a new cluster even when one started by `ray start` runs on this machine (plain
-            # ray.init() would join the newest of those instead).
-            context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
-    except (ConnectionError, RuntimeError, ValueError) as err:
+            # Ray ends its processes with SIGKILL, so what they make in $TMPDIR stays behind (the dashboard's
+            # multiprocessing folder, `pymp-*`, at every shutdown; a killed worker's encode scratch): the
+            # cluster gets a folder of its own, removed with it.
+            temp_dir = Path(tempfile.mkdtemp(prefix="farm-"))
+            # Ray keeps its sessions (logs, sockets) where they would go without it: Ray reads $TMPDIR for them.
+            with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir()):
+                # "local": a new cluster even when one started by `ray start` runs on this machine (plain
+                # ray.init() would join the newest of those instead).
+                context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
+    except BaseException as err:  # Ctrl-C while Ray starts too
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        if not isinstance(err, (ConnectionError, RuntimeError, ValueError)):
+            raise
         hint = "" if token or not address else (
             "; if the cluster uses token authentication (Ray's default), this machine has no token: copy the "
             "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")
@@ -71,9 +88,24 @@ def connect(address: str | None) -> Connection:
     _forward_worker_logs_only()
     url = context.dashboard_url
     reaper = None if address or not Path("/proc").is_dir() else subprocess.Popen(
-        [sys.executable, "-m", "farm.reaper", str(os.getpid())], start_new_session=True,
+        [sys.executable, "-m", "farm.reaper", str(os.getpid()), str(temp_dir)], start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return Connection(owned=True, dashboard_url=f"http://{url}" if url else None, reaper=reaper)
+    return Connection(owned=True, dashboard_url=f"http://{url}" if url else None, reaper=reaper, temp_dir=temp_dir)
+
+
+@contextlib.contextmanager
+def _environment(**changes: str) -> Iterator[None]:
+    """os.environ with `changes` meanwhile: what the processes started meanwhile inherit."""
+    previous = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _use_token_auth() -> bool:
@@ -121,6 +153,8 @@ def disconnect(connection: Connection) -> None:
     if connection.reaper is not None:  # the cluster is down: nothing is left for it to end
         connection.reaper.terminate()
         connection.reaper.wait()
+    if connection.temp_dir is not None:
+        shutil.rmtree(connection.temp_dir, ignore_errors=True)
 
 
 def _gpus(accelerator_type: str | None) -> int:

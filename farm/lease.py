@@ -110,7 +110,7 @@ def look(path: Path) -> Look | None:
     """Reads the lease at `path`; None when there is none. Opening the file (rather than a stat of the path)
     makes an NFS client fetch its attributes afresh (close-to-open), so a touch elsewhere is seen."""
     try:
-        with open(path, "rb") as handle:
+        with storage.open_regular(path) as handle:
             stat = os.fstat(handle.fileno())
             text = handle.read().decode("utf-8", "replace")
     except FileNotFoundError:

@@ -4,7 +4,8 @@ Ray fate-shares the head's processes with the driver that started them, but the 
 (ray::DashboardAgent, ray::RuntimeEnvAgent) outlive a SIGKILLed driver. So `farm submit` starting a cluster
 of its own also starts this watcher, `python -m farm.reaper DRIVER_PID`, in a session of its own (Ctrl-C in
 the terminal does not reach it). Each second it notes the driver's descendants from /proc; once the driver is
-gone it SIGKILLs those still running, each checked to be the same process (pid and start time). The driver
+gone it SIGKILLs those still running, each checked to be the same process (pid and start time), and removes
+the cluster's temp folder when given one (`python -m farm.reaper DRIVER_PID TEMP_DIR`). The driver
 stops the watcher (SIGTERM) when it shuts its cluster down itself. Linux only (/proc); elsewhere it is not
 started.
 """
@@ -12,6 +13,7 @@ started.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -68,3 +70,5 @@ def watch(driver: int) -> list[int]:
 
 if __name__ == "__main__":
     watch(int(sys.argv[1]))
+    if len(sys.argv) > 2:  # the cluster's $TMPDIR, which its killed processes can no longer write to
+        shutil.rmtree(sys.argv[2], ignore_errors=True)

@@ -266,14 +266,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    """The sha256 and size of the regular file at `path`, never read through a link.
+def open_regular(path: str | Path) -> IO[bytes]:
+    """`path` opened for reading when it is a regular file, never through a link: a FIFO, a device (/dev/zero)
+    or a link someone planted in the root would block a read or never end it.
 
     # Raises: OSError (ELOOP: `path` is a link; EISDIR / ENXIO or the check below: not a regular file).
     """
-    with open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)) as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    handle = open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK))
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        handle.close()
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return handle
+
+
+def sha256_file(path: Path) -> tuple[str, int]:
+    """The sha256 and size of the regular file at `path`, never read through a link.
+
+    # Raises: OSError, as `open_regular`.
+    """
+    with open_regular(path) as handle:
         return hash_handle(handle)
 
 
@@ -309,9 +320,7 @@ def read_sidecar(media: str | Path) -> dict | None:
     """The sidecar of `media` as a mapping; None when it is missing, a link, not JSON or not a mapping."""
     path = sidecar_path(media)
     try:
-        with open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)) as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return None
+        with open_regular(path) as handle:
             data = json.loads(handle.read())
     except (OSError, ValueError):
         return None
@@ -413,7 +422,8 @@ def read_record(path: Path) -> tuple[dict | None, str | None]:
     when there is none; (None, what is wrong with it, where, and what to do) when it is damaged or was edited by
     hand into something else. Never raises: a damaged record is reported, and the run goes on."""
     try:
-        data = json.loads(path.read_bytes())
+        with open_regular(path) as handle:
+            data = json.loads(handle.read())
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as err:

@@ -96,3 +96,29 @@ def test_damaged_claims_of_another_manifest_are_reported_and_do_not_stop_a_run(t
     claims.claim(second)
     assert set(storage.read_record(claims.claims_path(second.output_root, "second"))[0]["files"]) == {
         "t2v/shot.mp4", "t2v/theirs.mp4"}
+
+
+def test_a_file_reached_through_a_folder_symlink_in_the_root_is_the_same_file(tmp_path, capsys):
+    """Publishing follows the folders' symlinks, so `alias/{id}` with `alias -> t2v` writes the first's file."""
+    first = write_manifest(tmp_path, [{"id": "shot", "prompt": "a harbour"}], name="first", output=TEMPLATE)
+    second = write_manifest(tmp_path, [{"id": "shot", "prompt": "a desert"}], name="second",
+                            output={"path": "alias/{id}"})
+    for job in manifest.load(first).jobs:
+        publish(job, run="earlier", data=b"the harbour")
+    assert cli.main(["submit", str(first), "--no-progress"]) == 0
+    (tmp_path / "out" / "alias").symlink_to("t2v")
+    capsys.readouterr()
+
+    assert cli.main(["plan", str(second)]) == 1
+    assert "t2v/shot.mp4 (job shot) is already written by job shot of manifest 'first'" in capsys.readouterr().err
+
+
+def test_a_manifest_named_like_the_claims_lock_shares_a_root_with_others(tmp_path, capsys):
+    """The lock lives beside the manifests' records folders (`.farm/NAME/`): no name may be the lock's."""
+    for name in ("claims.lock", "other"):
+        path = write_manifest(tmp_path, [{"id": f"shot-{name}", "prompt": "a harbour"}], name=name, output=TEMPLATE)
+        for job in manifest.load(path).jobs:
+            publish(job, run="earlier")
+        assert cli.main(["submit", str(path), "--no-progress"]) == 0, capsys.readouterr().err
+        assert cli.main(["plan", str(path)]) == 0
+        assert "1 renders, 0 to do, 1 done" in capsys.readouterr().out

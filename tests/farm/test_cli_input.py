@@ -61,3 +61,9 @@ def test_retry_while_a_submit_renders_the_manifest_names_that_driver(tmp_path, c
         held.release()
     err = capsys.readouterr().err
     assert err.startswith(f"error: test in {tmp_path / 'out'} is being rendered by run run-1 (pid {os.getpid()} on ")
+
+
+def test_status_given_a_manifest_says_it_takes_an_output_root(tmp_path, capsys):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    assert cli.main(["status", str(path)]) == 1
+    assert "farm status takes an output root (a manifest's output.root), not a file" in capsys.readouterr().err

@@ -6,6 +6,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from farm.job import JobState
 from farm.metrics import RunMetrics
 from farm.scheduler import Attempt, Scheduler, Settings, Slot
 from tests.farm.helpers import publish, state, write_manifest
+
+REPO = Path(__file__).parents[2]
 
 DAMAGED_STATES = [
     pytest.param("[1, 2, 3]", id="a list"),
@@ -129,3 +133,27 @@ def test_a_publish_finished_when_the_run_stops_is_logged_done(tmp_path, monkeypa
     assert [(e["event"], e["key"]) for e in done] == [("job_done", "late")]
     assert scheduler.outcomes["late"].state is JobState.DONE and scheduler.outcomes["cut"].state is JobState.PENDING
     assert not leftover.exists()
+
+
+def test_a_record_that_is_a_fifo_is_reported_never_waited_on(tmp_path):
+    """Someone who can write the root can leave a FIFO (or a link to /dev/zero) where a record goes: reading it
+    would block (or never end). Each command runs as a child with a timeout, so a hang fails the test."""
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    root = tmp_path / "out"
+    publish(manifest.load(path).jobs[0], run="earlier")
+    records = root / ".farm" / "test"
+    records.mkdir(parents=True)
+    os.mkfifo(records / "state.json")
+
+    def farm(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "farm", *args], cwd=REPO, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=120)
+
+    status = farm("status", str(root))
+    assert status.returncode == 0 and f"{records / 'state.json'} cannot be read" in status.stdout, status
+    assert farm("submit", str(path), "--no-progress").returncode == 0  # all done: no cluster needed
+    assert state(root)["jobs"]["a"]["state"] == "done"  # written again whole, a regular file
+
+    os.mkfifo(records / lease.LEASE_FILE)
+    refused = farm("submit", str(path), "--no-progress")
+    assert refused.returncode == 1 and str(records / lease.LEASE_FILE) in refused.stderr, refused

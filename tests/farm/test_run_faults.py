@@ -11,15 +11,18 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import ray
+from ray._common.utils import get_default_system_temp_dir
 
-from farm import cli, driver, lease, manifest, reaper, storage
+from farm import cli, cluster, driver, lease, manifest, reaper, storage
 from tests.farm import fakes
 from tests.farm.helpers import events, local_cluster, output_files, publish, state, temp_files, write_manifest
 from worker import fake
@@ -122,12 +125,46 @@ def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(ad
     assert report.ok and not temp_files(root)  # the dead driver's lease taken over at once: same host, pid gone
 
 
+@pytest.fixture
+def own_temp_dir() -> Iterator[tuple[Path, dict]]:
+    """An empty $TMPDIR for a `farm submit` child, and the environment that gives it; Ray's sessions stay where
+    they go for this process. A short path: Ray's dashboard puts an AF_UNIX socket (at most 107 bytes) in it."""
+    with tempfile.TemporaryDirectory(prefix="farm-test-") as temp:
+        yield Path(temp), {**os.environ, "TMPDIR": temp, "RAY_TMPDIR": get_default_system_temp_dir()}
+
+
+def test_an_embedded_cluster_leaves_nothing_in_the_temp_dir(tmp_path, farm, own_temp_dir):
+    """Ray SIGKILLs its dashboard at shutdown, which leaves its multiprocessing folder (`pymp-*`) behind."""
+    temp, env = own_temp_dir
+    path = write_manifest(tmp_path, SLOW_JOBS[:1])
+    run = farm("submit", str(path), env=env, output=subprocess.DEVNULL)
+    assert run.wait(timeout=300) == 0
+    assert list(temp.iterdir()) == []
+
+
+def test_ctrl_c_while_the_embedded_cluster_starts_leaves_nothing_in_the_temp_dir(tmp_path, monkeypatch):
+    def interrupted(**_):
+        raise KeyboardInterrupt
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.connect(None)
+    assert list(temp.iterdir()) == []
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="farm.reaper reads /proc")
-def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_path, farm):
-    """Ray's dashboard and runtime-env agents outlive a SIGKILLed driver; farm.reaper ends them."""
+def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_path, farm, own_temp_dir):
+    """Ray's dashboard and runtime-env agents outlive a SIGKILLed driver; farm.reaper ends them, and removes
+    what the cluster's processes left in the temp dir."""
+    temp, env = own_temp_dir
     path = write_manifest(tmp_path, SLOW_JOBS, defaults={"steps": 300})
     root = tmp_path / "out"
-    run = farm("submit", str(path), output=subprocess.DEVNULL)
+    run = farm("submit", str(path), env=env, output=subprocess.DEVNULL)
     _wait_for(lambda: _logged(root, "job_started"))
     ours = reaper.descendants(reaper.processes(), run.pid)
     assert len(ours) > 5  # gcs, raylet, dashboard, agents, workers, the reaper
@@ -139,6 +176,7 @@ def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_pat
         return {pid: start for pid, start in ours.items() if table.get(pid, (0, None))[1] == start}
 
     _wait_for(lambda: not left(), timeout=60)
+    _wait_for(lambda: list(temp.iterdir()) == [], timeout=60)  # the reaper removes it once they are gone
 
 
 # -- joining a cluster that uses token authentication ------------------------------------------------
