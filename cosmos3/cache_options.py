@@ -36,19 +36,24 @@ class SeaCacheSettings:
 DEFAULT_CACHE: Any = "seacache"
 
 _WHOLE = ("max_consecutive", "retention_steps", "end_steps")
+# Bounds that keep a typo from reading as a setting: no schedule has more steps than a scheduler's 1,000 training
+# timesteps, and a budget above 10 (40 times the published one) is no setting anyone has measured.
+MAX_WHOLE = 1000
+MAX_THRESHOLD = 10.0
 
 
 def _parameter_problem(name: str, value: Any) -> str | None:
     if name in _WHOLE:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            return f"{value!r} is not a whole number >= 0"
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WHOLE:
+            return f"{value!r} is not a whole number in [0, {MAX_WHOLE}]"
         return None
     if name == "residual_order":
         return None if value in (0, 1) and not isinstance(value, bool) else f"{value!r} is not 0 or 1"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return f"{value!r} is not a finite number"
-    if name == "threshold" and value < 0:
-        return f"{value!r} is negative; use a budget >= 0 (0.25 as published; larger caches more steps)"
+    if name == "threshold" and not 0 <= value <= MAX_THRESHOLD:
+        return (f"{value!r} is not in [0, {MAX_THRESHOLD:g}]: a budget of relative change (0.25 as published; "
+                f"larger caches more steps)")
     if name == "power_exp" and value <= 0:
         return f"{value!r} is not > 0 (3.0 as published for video)"
     return None
@@ -63,6 +68,8 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
         return None, [("cache", f"must be one of {', '.join(METHODS)} or {{method: seacache, threshold: ..., "
                                 f"max_consecutive: ...}}, got {value!r}")]
     method = value.get("method")
+    if method in ("off", False):
+        return None, [("cache.method", "off takes no parameters: write `cache: off` alone for no step cache")]
     if method != "seacache":
         return None, [("cache.method", f"{method!r}: a cache with parameters names its method: seacache")]
     known = {f.name for f in fields(SeaCacheSettings)}

@@ -4,7 +4,7 @@ Fields are plain `{field}` only. A format spec renders per job (`{id:.>{steps}.0
 `..` for a 2-step one), so no check of one sample job could cover every job; without specs a field's value
 is a safe path fragment (ids and names match `fields.ID_PATTERN`, the rest are numbers and task names),
 and the template's own text decides where files go. `check` reads that text once; every job's rendered
-path is then checked again, symlinks resolved, by `storage.check_target` (at plan time and at publish), which
+path is then checked again, symlinks resolved, by `check_target` (at plan time and at publish), which
 also catches a path that only some values make reserved (`.far{id}` for id `m`).
 """
 

@@ -212,7 +212,15 @@ def test_the_sea_filter_is_unit_mean_and_keeps_a_constant_field():
 @pytest.mark.parametrize("value,field,message", [
     pytest.param("teacache", "cache", "must be one of off, seacache", id="unknown-method"),
     pytest.param({"method": "tea"}, "cache.method", "names its method: seacache", id="mapping-method"),
-    pytest.param({"method": "seacache", "threshold": -0.1}, "cache.threshold", "negative", id="threshold"),
+    pytest.param({"method": "seacache", "threshold": -0.1}, "cache.threshold", "a budget of relative change",
+                 id="threshold"),
+    pytest.param({"method": "seacache", "threshold": 1e11}, "cache.threshold", "a budget of relative change",
+                 id="threshold-huge"),
+    pytest.param({"method": "seacache", "max_consecutive": 99999999999}, "cache.max_consecutive",
+                 "not a whole number in",
+                 id="consecutive-huge"),
+    pytest.param({"method": False, "threshold": 0.3}, "cache.method", "alone for no step cache",
+                 id="off-with-params"),
     pytest.param({"method": "seacache", "threshold": float("nan")}, "cache.threshold", "not a finite", id="nan"),
     pytest.param({"method": "seacache", "max_consecutive": 1.5}, "cache.max_consecutive", "whole number",
                  id="max-consecutive"),
@@ -252,7 +260,7 @@ def test_stills_run_every_step_and_the_sidecar_info_lists_the_steps(root):
 
 
 def test_step_precision_edge_steps_are_always_computed(root):
-    pipe = pipe_of(root, {"method": "seacache", "threshold": 100.0, "max_consecutive": 0})
+    pipe = pipe_of(root, {"method": "seacache", "threshold": 10.0, "max_consecutive": 0})
     baseline = pipe(request("t2v")).info["cache"]
     assert baseline["computed"] == [0, STEPS - 1]  # a budget nothing reaches: only the retained and end steps
 
