@@ -108,6 +108,17 @@ def _environment(**changes: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def join(address: str | None) -> Connection | None:
+    """The connection to a cluster other drivers may join: the one at `address` or $RAY_ADDRESS, or the one this
+    process is connected to; None when the run would start a cluster of its own (no other driver shares it).
+
+    # Raises: ClusterError when no cluster answers at `address`.
+    """
+    if address or os.environ.get("RAY_ADDRESS") or ray.is_initialized():
+        return connect(address)
+    return None
+
+
 def _use_token_auth() -> bool:
     """Whether this driver authenticates with a token. Ray turns token auth on by itself only for
     `address=auto`; for HOST:PORT it needs RAY_AUTH_MODE=token, and without it joining a cluster that uses

@@ -1,5 +1,5 @@
-"""One `farm submit`: take the manifest's lease, skip what is done, get workers, run the scheduler, leave
-state and a summary on storage.
+"""One `farm submit`: take the manifest's lock (on a cluster other drivers may join) and its lease, skip what is
+done, get workers, run the scheduler, leave state and a summary on storage.
 
 Records under `<output.root>/.farm/<manifest name>/`: `lease.json` (the running driver, `farm.lease`),
 `state.json` (every job's state, for `farm status` and `farm retry`), `events.jsonl` (every run's events)
@@ -9,6 +9,7 @@ and `runs/<run id>.json` (one run's summary).
 from __future__ import annotations
 
 import _thread
+import contextlib
 import secrets
 import signal
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from farm import claims, cluster, lease, storage
+from farm import claims, cluster, cluster_lock, lease, storage
 from farm.errors import FarmError, StorageFault
 from farm.events import RunLog
 from farm.job import JobState
@@ -70,15 +71,22 @@ def new_run_id() -> str:
 def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
-    # Raises: StorageFault (the root cannot be written), LeaseHeld (another driver renders this manifest),
+    # Raises: StorageFault (the root cannot be written), LeaseHeld (another driver renders this manifest: its
+    # storage lease, or on a shared cluster its Ray lock, is held),
     # FarmError (another manifest uses this name in this root), ClaimConflict (another manifest of the root writes
     # one of its files), ClusterError (no cluster, no GPUs of the type).
     """
     started = time.monotonic()
     report = RunReport(new_run_id(), manifest, {}, [])
     storage.prepare_root(manifest.output_root)
-    held = _take_lease(manifest, report, options.wait)
-    try:
+    with contextlib.ExitStack() as stack:
+        # On a cluster other drivers may join, Ray's lock comes first: a driver it refuses has written no record
+        # and left the storage lease alone (its holder may be alive, only slow to touch it).
+        shared = cluster.join(options.address)
+        if shared is not None:
+            stack.callback(cluster.disconnect, shared)
+            stack.callback(_take_cluster_lock(manifest, report, options.wait).release)
+        stack.callback(_take_lease(manifest, report, options.wait).release)
         _check_same_manifest(manifest)
         claims.claim(manifest)
         jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
@@ -88,21 +96,19 @@ def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
         report.outcomes = {job.key: Outcome(JobState.PENDING) for job in todo}
         try:
             if todo:
-                _render(manifest, todo, options, report)
+                _render(manifest, todo, options, report, shared)
         except KeyboardInterrupt:  # before the run loop (connecting, sizing the pool); the loop handles its own
             report.interrupted = True
         finally:
             report.seconds = time.monotonic() - started
             _record(report)
-    finally:
-        held.release()
     return report
 
 
 def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Lease:
     """The manifest's lease, kept fresh while the run lasts; losing it (the root deleted, a takeover) stops the
     run (KeyboardInterrupt in the main thread) with `report.error` saying why."""
-    path = storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
+    path = _lease_path(manifest)
     owner = lease.Owner.this_process(report.run_id, manifest.path)
     log = structlog.get_logger("farm")
     held = lease.acquire(path, owner, wait=wait,
@@ -114,6 +120,19 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
 
     held.keep(lost)
     return held
+
+
+def _take_cluster_lock(manifest: Manifest, report: RunReport, wait: bool) -> cluster_lock.Held:
+    """The manifest's lock on the connected cluster (`farm.cluster_lock`), held while Ray counts this driver alive."""
+    log = structlog.get_logger("farm")
+    owner = lease.Owner.this_process(report.run_id, manifest.path)
+    return cluster_lock.acquire(
+        _lease_path(manifest), manifest.output_root, manifest.name, owner, wait=wait,
+        on_wait=lambda holder, why: log.info("cluster lock held", holder=holder.describe(), why=why))
+
+
+def _lease_path(manifest: Manifest) -> Path:
+    return storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
 
 
 def _check_same_manifest(manifest: Manifest) -> None:
@@ -129,10 +148,11 @@ def _check_same_manifest(manifest: Manifest) -> None:
                         f"{storage.records_dir(manifest.output_root, manifest.name)}/state.json)")
 
 
-def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport) -> None:
+def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport,
+            shared: cluster.Connection | None) -> None:
     storage.discard_temps(*todo)  # left by a run that crashed mid-write
     _write_state(report, "running")
-    connection = cluster.connect(options.address)
+    connection = shared or cluster.connect(options.address)
     # `ray job stop` and batch schedulers send SIGTERM: end as cleanly as Ctrl-C does. Installed after
     # connecting, because ray.init installs its own SIGTERM handler, which aborts the process.
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -159,7 +179,8 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
             report.error = f"run stopped: {log.fault}"
     finally:
         log.close()
-        cluster.disconnect(connection)
+        if connection is not shared:
+            cluster.disconnect(connection)
         signal.signal(signal.SIGTERM, previous)
 
 

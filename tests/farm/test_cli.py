@@ -130,7 +130,8 @@ def test_an_address_nobody_listens_on_fails_fast_with_a_message(tmp_path, capsys
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     assert cli.main(["submit", str(path), "--address", "127.0.0.1:1"]) == 1
     assert "error: no Ray cluster answers at 127.0.0.1:1" in capsys.readouterr().err
-    assert state(tmp_path / "out")["result"] == "incomplete"
+    # A cluster is joined (and its lock taken) before the lease and any record: nothing ran, nothing is recorded.
+    assert not (tmp_path / "out" / ".farm" / "test").exists()
 
 
 @pytest.mark.parametrize("flags, problem", [(["--max-workers", "0"], "at least 1, got 0"),

@@ -1,5 +1,6 @@
-"""Through the driver: one writer per root and manifest name, a SIGKILLed driver's run, storage faults
-(a full disk, a deleted or read-only root) and encodes that do not read back."""
+"""Through the driver: one writer per root and manifest name (on one Ray cluster also when the storage lease would
+let a second in), a SIGKILLed driver's run, storage faults (a full disk, a deleted or read-only root) and encodes
+that do not read back."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ import pytest
 import ray
 from ray._common.utils import get_default_system_temp_dir
 
-from farm import cli, cluster, driver, lease, manifest, reaper, storage
+from farm import cli, cluster, cluster_lock, driver, lease, manifest, reaper, storage
 from tests.farm import fakes
 from tests.farm.helpers import events, local_cluster, output_files, publish, state, temp_files, write_manifest
 from worker import fake
@@ -177,6 +179,84 @@ def test_a_sigkilled_driver_of_an_embedded_cluster_leaves_no_ray_process(tmp_pat
 
     _wait_for(lambda: not left(), timeout=60)
     _wait_for(lambda: list(temp.iterdir()) == [], timeout=60)  # the reaper removes it once they are gone
+
+
+# -- one writer on one Ray cluster: its lock, whatever the storage lease says --------------------------
+# JOBS jobs wait for a gate file, so the first driver still renders while the second tries.
+
+JOBS = 3
+
+
+def _gated_manifest(tmp_path: Path) -> tuple[Path, Path]:
+    """A manifest whose jobs render only once the returned gate file exists."""
+    gate = tmp_path / "gate"
+    jobs = [{"id": f"clip{i}", "prompt": f"shot {i} wait-for {gate}"} for i in range(JOBS)]
+    return write_manifest(tmp_path, jobs), gate
+
+
+def _lock_exists(root: Path) -> bool:
+    try:
+        ray.get_actor(cluster_lock.name(root, "test"), namespace=cluster_lock.NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _records(root: Path) -> dict[Path, tuple[int, bytes]]:
+    return {p: (p.stat().st_ino, p.read_bytes()) for p in (root / ".farm").rglob("*") if p.is_file()}
+
+
+def _first_driver(farm, path: Path, address: str):
+    root = path.parent / "out"
+    first = farm("submit", str(path), "--address", address, pipeline="tests.farm.fakes:gated")
+    _wait_for(lambda: _logged(root, "job_started"))
+    return first, root
+
+
+def test_a_driver_frozen_past_the_lease_rule_keeps_its_manifest_on_the_cluster(address, tmp_path, farm,
+                                                                                 monkeypatch):
+    path, gate = _gated_manifest(tmp_path)
+    first, root = _first_driver(farm, path, address)
+    lease_path = _lease(root)
+    held = lease.read(lease_path)
+    first.send_signal(signal.SIGSTOP)  # frozen: no touch of its lease, but Ray still counts its driver alive
+    try:
+        records = _records(root)
+        # The storage lease alone would give the manifest away: its holder's liveness says dead.
+        monkeypatch.setattr(lease, "pid_alive", lambda pid: False)
+        assert lease.Watch().judge(lease.look(lease_path)) is lease.Verdict.DEAD
+        with pytest.raises(lease.LeaseHeld) as refused:  # (not refused: no GPU is free for it, it ends in 30 s)
+            driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False,
+                                                                    start_timeout=30))
+        monkeypatch.undo()
+    finally:
+        first.send_signal(signal.SIGCONT)
+
+    assert (f"is being rendered by run {held.run} (pid {first.pid} on {socket.gethostname()}"
+            in str(refused.value)) and "wait for it (farm submit --wait)" in str(refused.value)
+    # Refused before touching anything: the first driver's lease and records are as it left them.
+    assert _records(root) == records
+    gate.touch()
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err  # its run was not stopped: nobody took its lease
+    assert not _lock_exists(root)
+
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
+    assert report.ok and len(report.skipped) == JOBS and state(root)["run"] == report.run_id
+
+
+def test_a_sigkilled_drivers_lock_is_freed_once_ray_sees_it_gone(address, tmp_path, farm):
+    path, gate = _gated_manifest(tmp_path)
+    first, root = _first_driver(farm, path, address)
+    assert _lock_exists(root)
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=60)
+    _wait_for(lambda: not _lock_exists(root), timeout=60)  # Ray ends the actors of a driver that is gone
+
+    gate.touch()
+    report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
+    assert report.ok and len(report.outcomes) == JOBS and len(output_files(root)) == 2 * JOBS
+    assert not _lock_exists(root)
 
 
 # -- joining a cluster that uses token authentication ------------------------------------------------
