@@ -7,12 +7,15 @@ actors a driver owns once that driver is gone (it exits, is SIGKILLed, or its no
 name. Whether the holder lives is thus Ray's own view of its driver: no clock is compared and no storage touched,
 so a driver that is frozen or cut off from the storage keeps its lock for as long as Ray counts it alive. The
 actor runs on its driver's node, so no other node's loss ends it; it holds nothing but its owner's description.
+Its holder watches it (`Held.keep`): an actor ended under a live driver (`ray kill`, Ray's memory monitor) stops
+that driver's run, as a lost storage lease does, since another driver may now take the manifest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,6 +29,7 @@ from farm.errors import ClusterError
 
 NAMESPACE = "farm"
 ANSWER = 60.0  # seconds a holder's lock actor has to say whose it is (it starts on a node already running a driver)
+WATCH = 5.0  # seconds between a holder's looks at its own lock, as the storage lease is touched
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -44,12 +48,30 @@ def name(root: str | Path, manifest_name: str) -> str:
 
 
 class Held:
-    """A held lock; `release()` gives it back."""
+    """A held lock; `keep(on_lost)` watches it while the run lasts, `release()` gives it back."""
 
-    def __init__(self, actor: ray.actor.ActorHandle):
+    def __init__(self, actor: ray.actor.ActorHandle, actor_name: str):
         self._actor = actor
+        self._name = actor_name
+        self._stop = threading.Event()
+
+    def keep(self, on_lost: Callable[[str], None]) -> None:
+        threading.Thread(target=self._watch, args=(on_lost,), name="farm-cluster-lock", daemon=True).start()
+
+    def _watch(self, on_lost: Callable[[str], None]) -> None:
+        while not self._stop.wait(WATCH):
+            try:
+                ray.get(self._actor.owner.remote(), timeout=ANSWER)
+            except ray.exceptions.GetTimeoutError:  # slow, not gone: Ray would have said so
+                continue
+            except ray.exceptions.RayActorError:
+                if not self._stop.is_set():
+                    on_lost(f"its cluster lock {self._name} (namespace {NAMESPACE}) was ended while the run held it "
+                            f"(ray kill, or Ray's memory monitor); another driver may now take the manifest")
+                return
 
     def release(self) -> None:
+        self._stop.set()
         with contextlib.suppress(Exception):  # already gone with its node: nothing is held
             ray.kill(self._actor, no_restart=True)
 
@@ -68,7 +90,7 @@ def acquire(path: Path, root: str | Path, manifest_name: str, owner: lease.Owner
     told = None
     while True:
         try:
-            return Held(lock.remote(asdict(owner)))
+            return Held(lock.remote(asdict(owner)), actor_name)
         except ValueError:  # the name is taken
             pass
         holder = _holder(actor_name)

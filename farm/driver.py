@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import functools
 import secrets
 import signal
 import time
@@ -114,21 +115,26 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
     held = lease.acquire(path, owner, wait=wait,
                          on_wait=lambda holder, why: log.info("lease held", holder=holder.describe(), why=why))
 
-    def lost(reason: str) -> None:
-        report.error = f"run stopped: {reason}"
-        _thread.interrupt_main()
-
-    held.keep(lost)
+    held.keep(functools.partial(_stop_run, report))
     return held
 
 
+def _stop_run(report: RunReport, reason: str) -> None:
+    """Stops the run from a watch thread (KeyboardInterrupt in the main thread), `report.error` saying why."""
+    report.error = f"run stopped: {reason}"
+    _thread.interrupt_main()
+
+
 def _take_cluster_lock(manifest: Manifest, report: RunReport, wait: bool) -> cluster_lock.Held:
-    """The manifest's lock on the connected cluster (`farm.cluster_lock`), held while Ray counts this driver alive."""
+    """The manifest's lock on the connected cluster (`farm.cluster_lock`), held while Ray counts this driver alive;
+    losing it stops the run as losing the lease does."""
     log = structlog.get_logger("farm")
     owner = lease.Owner.this_process(report.run_id, manifest.path)
-    return cluster_lock.acquire(
+    held = cluster_lock.acquire(
         _lease_path(manifest), manifest.output_root, manifest.name, owner, wait=wait,
         on_wait=lambda holder, why: log.info("cluster lock held", holder=holder.describe(), why=why))
+    held.keep(functools.partial(_stop_run, report))
+    return held
 
 
 def _lease_path(manifest: Manifest) -> Path:

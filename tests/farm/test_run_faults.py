@@ -259,6 +259,16 @@ def test_a_sigkilled_drivers_lock_is_freed_once_ray_sees_it_gone(address, tmp_pa
     assert not _lock_exists(root)
 
 
+def test_a_driver_whose_cluster_lock_is_ended_stops_its_run_and_says_why(address, tmp_path, farm):
+    path, _gate = _gated_manifest(tmp_path)
+    first, root = _first_driver(farm, path, address)
+    ray.kill(ray.get_actor(cluster_lock.name(root, "test"), namespace=cluster_lock.NAMESPACE), no_restart=True)
+    out, err = first.communicate(timeout=120)  # its watch looks every cluster_lock.WATCH seconds
+    assert first.returncode != 0, out
+    assert f"run stopped: its cluster lock {cluster_lock.name(root, 'test')} (namespace farm) was ended" in err
+    assert not _logged(root, "job_done")  # every job still waited for its gate: none was published
+
+
 # -- joining a cluster that uses token authentication ------------------------------------------------
 
 
