@@ -133,7 +133,7 @@ def do_retry(args: argparse.Namespace) -> Result:
     running = lease.holder(path)
     if running is not None:  # which of its jobs fail is known once it has ended
         raise lease.LeaseHeld(path, running)
-    state = storage.read_states(m.output_root).get(m.name)
+    state = storage.read_state(m.output_root, m.name)
     if state is None:
         raise StateError(f"no runs of {m.name} recorded under {m.output_root}; use farm submit")
     if "unreadable" in state:

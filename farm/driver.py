@@ -143,7 +143,7 @@ def _lease_path(manifest: Manifest) -> Path:
 
 def _check_same_manifest(manifest: Manifest) -> None:
     """# Raises: FarmError when the root's records of this name are another manifest's."""
-    state = storage.read_states(manifest.output_root).get(manifest.name) or {}
+    state = storage.read_state(manifest.output_root, manifest.name) or {}
     if "unreadable" in state:
         structlog.get_logger("farm").warning("state_unreadable", problem=state["unreadable"])
     recorded = state.get("manifest")
@@ -237,7 +237,7 @@ def _write_state(report: RunReport, result: str) -> None:
     """Every job of the manifest with its state; jobs outside this run keep what the last state said."""
     manifest = report.manifest
     path = storage.state_path(manifest.output_root, manifest.name)
-    previous = (storage.read_states(manifest.output_root).get(manifest.name) or {}).get("jobs", {})
+    previous = (storage.read_state(manifest.output_root, manifest.name) or {}).get("jobs", {})
     skipped = set(report.skipped)
     jobs = {}
     for job in manifest.jobs:

@@ -318,13 +318,7 @@ def sidecar_record(job: Job, run: str, attempt: int, media: tuple[str, int], wav
 
 def read_sidecar(media: str | Path) -> dict | None:
     """The sidecar of `media` as a mapping; None when it is missing, a link, not JSON or not a mapping."""
-    path = sidecar_path(media)
-    try:
-        with open_regular(path) as handle:
-            data = json.loads(handle.read())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_record(sidecar_path(media))[0]
 
 
 # The sidecar's entry for each file a job publishes, in `Job.files` order: the media, then the WAV.
@@ -418,7 +412,7 @@ def summary_path(output_root: str | Path, name: str, run_id: str) -> Path:
 
 
 def read_record(path: Path) -> tuple[dict | None, str | None]:
-    """The one reader of the farm's JSON records (state, claims, run summaries): (the mapping, None); (None, None)
+    """The one reader of the farm's JSON records (state, claims, sidecars): (the mapping, None); (None, None)
     when there is none; (None, what is wrong with it, where, and what to do) when it is damaged or was edited by
     hand into something else. Never raises: a damaged record is reported, and the run goes on."""
     try:
@@ -439,23 +433,34 @@ def _damaged(path: Path, what: str) -> str:
 
 
 def read_states(output_root: str | Path) -> dict[str, dict]:
-    """Every manifest's state under a root, by manifest name, its `jobs` keeping only entries of the expected
-    shape; a state that cannot be used is `{"unreadable": why and what to do}`."""
+    """Every manifest's state under a root, by manifest name (`read_state`)."""
     states = {}
     for path in sorted((Path(output_root) / RECORDS_DIR).glob("*/state.json")):
-        state, problem = read_record(path)
-        jobs = state.get("jobs") if state is not None else None
-        if state is not None and not isinstance(jobs, dict):
-            problem = _damaged(path, "has no mapping of jobs")
-        if problem:
-            states[path.parent.name] = {"unreadable": problem}
-            continue
-        state["jobs"] = {key: entry for key, entry in jobs.items() if _state_entry_ok(entry)}
-        if len(state["jobs"]) < len(jobs):
-            state["damaged"] = _damaged(path, f"has {len(jobs) - len(state['jobs'])} job entries that are not "
-                                              "mappings with media and config_hash (left out)")
-        states[path.parent.name] = state
+        if (state := _read_state(path)) is not None:  # None: removed since the listing
+            states[path.parent.name] = state
     return states
+
+
+def read_state(output_root: str | Path, name: str) -> dict | None:
+    """The state of manifest `name` under a root, its `jobs` keeping only entries of the expected shape; a state
+    that cannot be used is `{"unreadable": why and what to do}`; None when there is none."""
+    return _read_state(state_path(output_root, name))
+
+
+def _read_state(path: Path) -> dict | None:
+    state, problem = read_record(path)
+    if state is None and problem is None:
+        return None
+    jobs = state.get("jobs") if state is not None else None
+    if state is not None and not isinstance(jobs, dict):
+        problem = _damaged(path, "has no mapping of jobs")
+    if problem:
+        return {"unreadable": problem}
+    state["jobs"] = {key: entry for key, entry in jobs.items() if _state_entry_ok(entry)}
+    if len(state["jobs"]) < len(jobs):
+        state["damaged"] = _damaged(path, f"has {len(jobs) - len(state['jobs'])} job entries that are not "
+                                          "mappings with media and config_hash (left out)")
+    return state
 
 
 def _state_entry_ok(entry: Any) -> bool:

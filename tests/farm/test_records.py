@@ -49,6 +49,18 @@ def test_a_damaged_state_never_crashes_status_or_submit_and_submit_leaves_no_lea
     assert state(root)["jobs"]["a"]["state"] == "done"  # written again whole
 
 
+def test_a_state_removed_after_the_listing_is_left_out_not_a_crash(tmp_path, monkeypatch):
+    records = tmp_path / ".farm"
+    for name in ("kept", "removed"):
+        (records / name).mkdir(parents=True)
+        (records / name / "state.json").write_text('{"jobs": {}}')
+    listed = sorted(records.glob("*/state.json"))
+    (records / "removed" / "state.json").unlink()  # by a `farm submit` rewriting it, or by hand
+    monkeypatch.setattr(storage.Path, "glob", lambda self, pattern: iter(listed))
+    assert storage.read_states(tmp_path) == {"kept": {"jobs": {}}}
+    assert storage.read_state(tmp_path, "removed") is None
+
+
 def test_a_submit_that_crashes_after_taking_the_lease_gives_it_back(tmp_path, monkeypatch):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
 
