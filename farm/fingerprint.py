@@ -40,13 +40,17 @@ def checkpoint(root: Path) -> str:
         if isinstance(known, dict) and known.get("key") == key and isinstance(known.get("sha256"), str):
             file_hash = known["sha256"]
         else:
-            with open(path, "rb") as handle:
-                file_hash = hashlib.file_digest(handle, "sha256").hexdigest()
+            file_hash = _file_hash(path)
         fresh[rel] = {"key": key, "sha256": file_hash}
         digest.update(f"{rel}\0{file_hash}\0".encode())
     if fresh != cache:
         _write_cache(root, cache_path, fresh)
     return digest.hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    with open(path, "rb") as handle:  # a checkpoint's files may be links (a hub cache's snapshots)
+        return storage.hash_handle(handle)[0]
 
 
 def _defining_files(root: Path) -> list[Path]:

@@ -3,7 +3,6 @@ version (issue 49, defects 4 and 15)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -20,13 +19,13 @@ SHARD = Path("transformer") / "diffusion_pytorch_model.safetensors"
 def count_hashes(monkeypatch) -> list[str]:
     """The files whose bytes the fingerprint reads, in order."""
     read: list[str] = []
-    real = hashlib.file_digest
+    real = fingerprint._file_hash
 
-    def file_digest(handle, name):
-        read.append(Path(handle.name).name)
-        return real(handle, name)
+    def file_hash(path: Path) -> str:
+        read.append(path.name)
+        return real(path)
 
-    monkeypatch.setattr(fingerprint.hashlib, "file_digest", file_digest)
+    monkeypatch.setattr(fingerprint, "_file_hash", file_hash)
     return read
 
 
