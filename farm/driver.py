@@ -114,7 +114,6 @@ def _take_lease(manifest: Manifest, report: RunReport, wait: bool) -> lease.Leas
     log = structlog.get_logger("farm")
     held = lease.acquire(path, owner, wait=wait,
                          on_wait=lambda holder, why: log.info("lease held", holder=holder.describe(), why=why))
-
     held.keep(functools.partial(_stop_run, report))
     return held
 
