@@ -4,6 +4,7 @@ Steps (each fits one device call; run them on one machine, in this order):
 
     python benchmarks/bench_render.py write --root /tmp/nano                # fp8/ (and bf16/ if the disk allows)
     python benchmarks/bench_render.py farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
+    python benchmarks/bench_render.py farm --root /tmp/nano --jobs t2v --cache off --out $OUT   # beside the default
     python benchmarks/bench_render.py farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
     python benchmarks/bench_render.py diffusers --root /tmp/nano --steps 3 --out $OUT
     python benchmarks/bench_render.py report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
@@ -12,7 +13,9 @@ Steps (each fits one device call; run them on one machine, in this order):
 ``farm`` renders the workload's manifest with ``python -m farm submit`` (a fresh worker: its start is the
 warm start, ops built, its big imports byte-compiled as pip leaves them, checkpoint on local disk, page cache
 dropped first with ``--drop-caches``),
-then turns every job's sidecar into a table. ``--stills N`` adds a farm's stream of the workload's stills: N of
+then turns every job's sidecar into a table. ``--cache`` sets the manifest's step cache (``off``, ``seacache``;
+unset: the pipeline's default); with a run of each in one ``OUT``, the report sets the clip's cached and uncached
+figures side by side. ``--stills N`` adds a farm's stream of the workload's stills: N of
 them over ``--prompts`` prompts of varied lengths, each prompt with a few seeds, shuffled, so a prompt length comes
 back now and then as in a studio's day; the report gives the distribution of their denoising times, split by
 what each still's CUDA graphs did (sidecar ``cuda_graphs``). ``diffusers`` runs ``Cosmos3OmniPipeline`` on the BF16
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order  # noqa: E402
 from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+from cosmos3.cache_options import METHODS  # noqa: E402  (torch-free)
 
 # -- write -----------------------------------------------------------------------------------------
 
@@ -93,8 +97,10 @@ def stream_jobs(stills: int, prompts: int) -> list[dict]:
     return jobs
 
 
-def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[dict], attention: str = "auto") -> Path:
-    """A manifest of ``jobs`` (manifest entries: ``workload_jobs``, ``stream_jobs``) on the checkpoint."""
+def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[dict], attention: str = "auto",
+                   cache: str | None = None) -> Path:
+    """A manifest of ``jobs`` (manifest entries: ``workload_jobs``, ``stream_jobs``) on the checkpoint; ``cache``: its
+    model's step cache (None: the key is left out, so the pipeline's default holds)."""
     import imageio.v3 as iio
     import numpy as np
     import yaml
@@ -104,10 +110,10 @@ def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[dict
         (folder / "inputs").mkdir(exist_ok=True)
         frame = np.random.default_rng(0).integers(0, 256, size=(720, 1280, 3), dtype=np.uint8)
         iio.imwrite(folder / "inputs" / "frame.png", frame)
+    model = {"checkpoint": str(checkpoint), "precision": "auto", "step_precision": "auto", "attention": attention}
     manifest = {
         "version": 1, "name": f"nano-{variant}",
-        "model": {"checkpoint": str(checkpoint), "precision": "auto", "step_precision": "auto",
-                  "attention": attention},
+        "model": model if cache is None else {**model, "cache": cache},
         "output": {"root": str(folder / "renders"), "path": "{task}/{id}"},
         "defaults": {"retries": 0, "timeout": "20m", "fps": 24},
         "jobs": jobs,
@@ -146,28 +152,34 @@ def compile_bytecode() -> float:
     return time.perf_counter() - started
 
 
-def _collect(folder: Path, out: Path, variant: str, stop: threading.Event) -> None:
+def run_tag(variant: str, cache: str | None) -> str:
+    """A farm run's name in ``OUT`` (its result and its sidecars): the variant, and the cache where one was set."""
+    return variant if cache is None else f"{variant}-cache-{cache}"
+
+
+def _collect(folder: Path, out: Path, tag: str, stop: threading.Event) -> None:
     """Copies each sidecar of the workload's jobs to ``out`` as soon as it is published: a run cut short still reports
     its jobs (a stream's stills are many: they are in the run's JSON only)."""
     while not stop.wait(5.0):
         for sidecar in (folder / "renders").glob("*/*.json"):
             if sidecar.name.startswith(STREAM_PREFIX):
                 continue
-            shutil.copyfile(sidecar, out / "sidecars" / f"{variant}-{sidecar.name}")
+            shutil.copyfile(sidecar, out / "sidecars" / f"{tag}-{sidecar.name}")
 
 
 def do_farm(args) -> dict:
     checkpoint = args.root / args.variant
-    folder = args.root / f"run-{args.variant}-{args.attention}"
+    tag = run_tag(args.variant, args.cache)
+    folder = args.root / f"run-{tag}-{args.attention}"
     shutil.rmtree(folder, ignore_errors=True)
     jobs = workload_jobs([name for name in args.jobs.split(",") if name]) + stream_jobs(args.stills, args.prompts)
-    manifest = write_manifest(folder, checkpoint, args.variant, jobs, args.attention)
+    manifest = write_manifest(folder, checkpoint, args.variant, jobs, args.attention, args.cache)
     compiled = compile_bytecode()
     waited = wait_for_idle_gpu()
     cache = drop_page_cache() if args.drop_caches else "kept"
     (args.out / "sidecars").mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
-    collector = threading.Thread(target=_collect, args=(folder, args.out, args.variant, stop), daemon=True)
+    collector = threading.Thread(target=_collect, args=(folder, args.out, tag, stop), daemon=True)
     collector.start()
     started = time.perf_counter()
     command = [sys.executable, "-m", "farm", "submit", str(manifest), "--no-progress"]
@@ -185,6 +197,7 @@ def do_farm(args) -> dict:
             sidecars[job["id"]]["media"]["size_on_disk"] = media.stat().st_size
     summaries = sorted((folder / "renders" / ".farm").glob("*/runs/*.json"))
     return {"kind": "farm", "machine": machine(), "variant": args.variant, "attention": args.attention,
+            "cache": args.cache,
             "command": " ".join(command),
             "exit": run.returncode, "seconds": seconds, "page_cache": cache, "waited_for_idle_gpu": waited,
             "bytecode_compile_seconds": compiled,
@@ -506,6 +519,60 @@ def direct_tables(r: dict) -> list[str]:
     return lines + [""]
 
 
+def _cache_name(record: dict) -> str:
+    cache = record.get("cache")
+    return "off" if cache is None else f"{cache['method']}, threshold {cache['threshold']}"
+
+
+def _clip_figures(record: dict) -> dict[str, float | str]:
+    """A clip's sidecar as the step-cache table's rows."""
+    t, cache = record["timings"], record.get("cache")
+    steps = t["steps"]
+    cached = set(cache["cached"]) if cache else set()
+    edges = set((record.get("step_policy") or {}).get("a16_steps") or [])
+    native = [s for i, s in enumerate(steps) if i not in cached and i not in edges]
+    return {
+        "step cache": _cache_name(record),
+        "steps computed / cached": f"{len(steps) - len(cached)} / {len(cached)}",
+        "cached steps": ", ".join(map(str, sorted(cached))) or "none",
+        "denoising s": sum(steps),
+        "computed W8A8 step, median s": statistics.median(native) if native else None,
+        "W8A16 edge step, median s": statistics.median([steps[i] for i in edges]) if edges else None,
+        "cached step, mean s": statistics.mean([steps[i] for i in cached]) if cached else None,
+        "VAE decode s": t["vae_decode"],
+        "MP4 encode s": t["media_encode"],
+        "pipeline total s": t["total"],
+        "job, render start to published s": record["finished"] - record["started"],
+        "GPU-seconds": record["gpu_seconds"],
+        "peak allocated during the steps GiB": (record["memory"]["stage_peak_allocated_bytes"] or {}).get("steps"),
+    }
+
+
+RATIO_ROWS = ("denoising s", "pipeline total s", "job, render start to published s")
+
+
+def cache_table(runs: list[dict]) -> list[str]:
+    """The clip (``t2v``) of an uncached farm run (``--cache off``) beside the same variant's cached runs, with the
+    uncached / cached ratio of the times that caching shortens."""
+    off = next((r for r in runs if r.get("cache") == "off" and "t2v" in r["sidecars"]), None)
+    cached = [r for r in runs if r.get("cache") != "off" and "t2v" in r["sidecars"]]
+    if off is None or not cached:
+        return []
+    columns = [_clip_figures(off["sidecars"]["t2v"])] + [_clip_figures(r["sidecars"]["t2v"]) for r in cached]
+    names = ["uncached (`--cache off`)"] + [f"`--cache {r['cache']}`" if r.get("cache") else "the default cache"
+                                           for r in cached]
+    lines = [f"### The clip through the farm, uncached and cached ({off['variant']}, attention {off['attention']})", "",
+             "| figure | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for row in columns[0]:
+        cells = [c[row] if isinstance(c[row], str) else
+                 (_gib(c[row]) if row.endswith("GiB") else _s(c[row], 3 if "step" in row else 2)) for c in columns]
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    for row in RATIO_ROWS:
+        ratios = [f"{columns[0][row] / c[row]:.2f}x" for c in columns[1:]]
+        lines.append(f"| uncached / cached, {row.removesuffix(' s')} | | " + " | ".join(ratios) + " |")
+    return lines + [""]
+
+
 def read_results(paths: list[str]) -> list[dict]:
     """This benchmark's results among ``paths``: a glob over an ``--out`` folder also matches the jobs' sidecars
     that ``farm`` copies there, which are skipped."""
@@ -520,22 +587,24 @@ def read_results(paths: list[str]) -> list[dict]:
 def do_report(args) -> None:
     results = read_results(args.results)
     by_kind = {}
-    for r in results:
-        by_kind.setdefault((r["kind"], r.get("variant")), r)
-    farm = by_kind.get(("farm", "fp8"))
-    diffusers = by_kind.get(("diffusers", None))
-    bf16 = by_kind.get(("farm", "bf16"))
+    for r in results:  # a farm run is one per variant and cache setting
+        by_kind.setdefault((r["kind"], r.get("variant"), r.get("cache")), r)
+    fp8 = [r for (kind, variant, _), r in by_kind.items() if (kind, variant) == ("farm", "fp8")]
+    farm = by_kind.get(("farm", "fp8", None)) or next(iter(fp8), None)  # the targets are the default cache's
+    diffusers = by_kind.get(("diffusers", None, None))
+    bf16 = by_kind.get(("farm", "bf16", None))
     lines = [f"Machine: {results[0]['machine']}", ""]
-    for kind in (("write", None), ("farm", "fp8"), ("farm", "bf16"), ("diffusers", None), ("direct", None)):
-        r = by_kind.get(kind)
-        if r is None:
-            continue
+    order = ("write", "farm", "diffusers", "direct")
+    for key in sorted(by_kind, key=lambda k: (order.index(k[0]), k[1] != "fp8", str(k[1]), k[2] is not None,
+                                              str(k[2]))):
+        r = by_kind[key]
         if r["kind"] == "write":
             lines += ["### Checkpoint written", "", "```", json.dumps(r["variants"], indent=1), "```", ""]
         elif r["kind"] == "farm":
             waited, compiled = r.get("waited_for_idle_gpu"), r.get("bytecode_compile_seconds")
             uncached = sorted({p for s in r["sidecars"].values() for p in s["worker"].get("uncached_bytecode", [])})
-            lines += [f"`{r['command']}`: exit {r['exit']}, {r['seconds']:.1f} s, page cache {r['page_cache']}"
+            lines += [f"`{r['command']}` ({r['variant']}, cache {r.get('cache') or 'the default'}): exit {r['exit']}, "
+                      f"{r['seconds']:.1f} s, page cache {r['page_cache']}"
                       + ("" if waited is None else f", {waited:.1f} s waited for the GPU to be idle first")
                       + ("" if compiled is None else f", bytecode compiled first ({compiled:.1f} s)")
                       + (f"; the worker compiled {', '.join(uncached)} as it started" if uncached else ""), ""]
@@ -554,6 +623,7 @@ def do_report(args) -> None:
                       f"| load s | {r['load_seconds']:.1f} |",
                       f"| resident / peak allocated / peak reserved GiB | {_gib(r['resident_bytes'])} / "
                       f"{_gib(r['peak_allocated_bytes'])} / {_gib(r['peak_reserved_bytes'])} |", ""]
+    lines += cache_table(fp8)
     if farm:
         lines += targets(farm, diffusers, bf16)
     print("\n".join(lines))
@@ -573,6 +643,7 @@ def main() -> None:
     farm.add_argument("--stills", type=int, default=0, help="a stream of this many stills after them")
     farm.add_argument("--prompts", type=int, default=50, help="the stream's prompts (each with several seeds)")
     farm.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
+    farm.add_argument("--cache", choices=METHODS, help="the manifest's step cache (unset: the pipeline's default)")
     farm.add_argument("--drop-caches", action="store_true")
     farm.add_argument("--out", type=Path, required=True)
     diff = sub.add_parser("diffusers")
@@ -594,7 +665,7 @@ def main() -> None:
     result = KINDS[args.command](args)
     out = getattr(args, "out", None) or args.root
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{args.command}-{getattr(args, 'variant', '') or 'all'}.json"
+    name = f"{args.command}-{run_tag(args.variant, args.cache) if args.command == 'farm' else 'all'}.json"
     (out / name).write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out / name}")
 

@@ -51,3 +51,66 @@ def test_report_on_sidecars_alone_says_what_it_needs(tmp_path):
     assert report.returncode == 1
     assert "none of 1 files is a bench_render result" in report.stderr
     assert "Traceback" not in report.stderr
+
+
+EDGES = [0, 1, 2, 32, 33, 34]  # the published step policy's W8A16 steps of 35
+
+
+def _clip_sidecar(cached: list[int], started: float, publish: float) -> dict:
+    """A T2V clip's sidecar as a GPU worker writes it: 35 steps, W8A16 edges at 5.4 s, W8A8 at 3.7 s, cached 0.01 s."""
+    steps = [0.01 if i in cached else 5.4 if i in EDGES else 3.7 for i in range(35)]
+    total = sum(steps) + 9.5 + 0.3  # the steps, the decode and the rest of the pipeline
+    cache = None if not cached else {"method": "seacache", "threshold": 0.25, "max_consecutive": 2,
+                                     "computed": [i for i in range(35) if i not in cached], "cached": cached}
+    return {
+        "job": {"id": "t2v", "task": "t2v", "request": {"width": 1280, "height": 720, "frames": 189, "steps": 35,
+                                                         "guidance": 6.0}},
+        "precision": "fp8-static", "cache": cache,
+        "step_policy": {"first_steps": 3, "last_steps": 3, "a16_steps": EDGES},
+        "timings": {"vae_wait": 0.0, "tokenize": 0.01, "vae_encode": None, "und": 0.05, "steps": steps,
+                    "vae_decode": 9.5, "media_encode": 2.0, "publish": publish, "total": total},
+        "memory": {"resident_bytes": 16 * GIB, "peak_allocated_bytes": 27 * GIB, "peak_reserved_bytes": 30 * GIB,
+                   "stage_peak_allocated_bytes": {"steps": (22 if cached else 21) * GIB}},
+        "worker_start": {"ops": 0.1, "tokenizer": 7.0, "build": 2.0, "attention_kernels": 2.5, "checkpoint_read": 5.0,
+                         "checkpoint_bytes": 16_490_000_000, "checkpoint_gb_per_s": 3.3, "vae": 11.0,
+                         "sound_tokenizer": None, "total": 10.0, "worker": 12.0},
+        "worker": {"node": "h200", "ops": {"source": "wheel", "seconds": 0.1}},
+        "gpu_seconds": total, "gpu_telemetry": None, "cuda_graphs": None,
+        "started": started, "finished": started + total + publish,
+        "media": {"sha256": "0" * 64, "size_on_disk": 1},
+    }
+
+
+def _farm(cache: str | None, sidecar: dict) -> dict:
+    return {"kind": "farm", "machine": MACHINE, "variant": "fp8", "attention": "fp8", "cache": cache,
+            "command": "python -m farm submit manifest.yaml --no-progress", "exit": 0, "seconds": 200.0,
+            "page_cache": "kept", "sidecars": {"t2v": sidecar}}
+
+
+def test_report_sets_the_uncached_and_the_cached_clip_side_by_side(tmp_path):
+    cached = [4, 5, 7, 8, 10, 11, 13, 14, 16, 17, 19, 20, 22, 23, 25, 26]  # 16 of 35, never an edge, two in a row
+    _write(tmp_path / "farm-fp8-cache-off.json", _farm("off", _clip_sidecar([], 1000.0, 2.5)))
+    _write(tmp_path / "farm-fp8.json", _farm(None, _clip_sidecar(cached, 2000.0, 2.5)))
+
+    report = subprocess.run(f"{sys.executable} benchmarks/bench_render.py report {tmp_path}/*.json", shell=True,
+                            cwd=ROOT, text=True, capture_output=True, timeout=120)
+
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    uncached_steps = 6 * 5.4 + 29 * 3.7  # 139.7 s
+    cached_steps = 6 * 5.4 + 13 * 3.7 + 16 * 0.01  # 80.66 s
+    assert "| uncached (`--cache off`) | the default cache |" in "\n".join(lines)
+    assert "| step cache | off | seacache, threshold 0.25 |" in lines
+    assert "| steps computed / cached | 35 / 0 | 19 / 16 |" in lines
+    assert f"| denoising s | {uncached_steps:.2f} | {cached_steps:.2f} |" in lines
+    assert "| computed W8A8 step, median s | 3.700 | 3.700 |" in lines
+    assert "| W8A16 edge step, median s | 5.400 | 5.400 |" in lines
+    assert "| cached step, mean s | null | 0.010 |" in lines
+    assert f"| uncached / cached, denoising | | {uncached_steps / cached_steps:.2f}x |" in lines
+    end_to_end = (uncached_steps + 9.8 + 2.5) / (cached_steps + 9.8 + 2.5)
+    assert f"| uncached / cached, job, render start to published | | {end_to_end:.2f}x |" in lines
+    assert "| peak allocated during the steps GiB | 21.00 | 22.00 |" in lines
+    # The targets are the default cache's run: its clip's GPU-seconds against its own steps and decode.
+    over = 100 * ((cached_steps + 9.8) / (cached_steps + 9.5) - 1)
+    assert "| FP8 T2V GPU-seconds within 5% of steps (2 forwards each) + VAE decode | " \
+           f"{cached_steps + 9.8:.1f} s vs {cached_steps + 9.5:.1f} s: {over:+.1f}% | yes |" in lines
