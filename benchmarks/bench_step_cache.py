@@ -2,10 +2,11 @@
 with SeaCache, side by side in one run.
 
 Per render: PSNR of the cached frames against the uncached ones (same job, same seed), whether each still shows
-its prompt (``toy.measure``, which knows nothing of the model), and how many steps were cached. Then a threshold
-sweep with PSNR and steps saved side by side. Seconds are the GPU's to measure (h200-step-cache.md): the toy's
-steps on a shared CPU time nothing but noise. Stills run every step in the pipeline (``Cosmos3Pipeline._step_cache``);
-``--stills`` caches them here too, to measure what that would give.
+its prompt (``toy.measure``, which knows nothing of the model), and how many steps were cached; for clips also the
+SNR of the cached sound against the uncached and whether its pitch still names the shape's colour. Then a threshold
+sweep with PSNR, sound SNR and steps saved side by side. Seconds are the GPU's to measure (h200-step-cache.md):
+the toy's steps on a shared CPU time nothing but noise. Stills run every step in the pipeline
+(``Cosmos3Pipeline._step_cache``); ``--stills`` caches them here too, to measure what that would give.
 
     python benchmarks/bench_step_cache.py [--thresholds 0.1 0.25 0.4] [--default 0.25] [--stills]
 """
@@ -33,12 +34,6 @@ from toy import measure, scenes
 REPO = Path(__file__).resolve().parents[1]
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """PSNR (dB) of uint8 frames ``a`` against ``b``."""
-    error = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if error == 0 else 10 * np.log10(255.0**2 / error)
-
-
 def scene_of(prompt: str) -> scenes.Scene:
     """The toy scene whose caption is ``prompt``."""
     for shape, colour, background in itertools.product(scenes.SHAPES, scenes.COLOURS, scenes.COLOURS):
@@ -51,9 +46,15 @@ def scene_of(prompt: str) -> scenes.Scene:
 
 @dataclass
 class Render:
-    frames: np.ndarray
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    sound: np.ndarray | None  # float32 [channels, N]; None for stills
+    rate: int | None  # Hz
     cached: int  # steps cached
     steps: int
+
+    def sounds(self, scene: scenes.Scene) -> bool:
+        """Its sound's pitch names the scene's shape colour (a clip's tone: ``toy.scenes.PITCHES``)."""
+        return measure.colour_of_pitch(measure.pitch(self.sound, self.rate)) == scene.colour
 
 
 def cache_stills_too(pipe: Cosmos3Pipeline) -> None:
@@ -72,7 +73,8 @@ def render(pipe: Cosmos3Pipeline, cache, request: RenderRequest) -> Render:
     pipe.cache = parse_cache(cache)
     out = pipe(request)
     info = out.info["cache"]
-    return Render(out.frames, 0 if info is None else len(info["cached"]), out.info["steps"])
+    return Render(out.frames, out.sound, out.sampling_rate, 0 if info is None else len(info["cached"]),
+                  out.info["steps"])
 
 
 def run(jobs, pipe: Cosmos3Pipeline, thresholds: list[float]) -> tuple[dict, dict]:
@@ -84,12 +86,23 @@ def run(jobs, pipe: Cosmos3Pipeline, thresholds: list[float]) -> tuple[dict, dic
 
 
 def summary(jobs, uncached: dict, cached: dict) -> dict:
-    values = [psnr(cached[job.key].frames, uncached[job.key].frames) for job in jobs]
+    values = [measure.psnr(cached[job.key].frames, uncached[job.key].frames) for job in jobs]
     hits = [measure.matches(scene_of(job.request.prompt), measure.read(cached[job.key].frames)) for job in jobs]
+    heard = [job for job in jobs if cached[job.key].sound is not None]
+    snrs = [measure.snr(uncached[job.key].sound, cached[job.key].sound) for job in heard]
+    pitched = [cached[job.key].sounds(scene_of(job.request.prompt)) for job in heard]
     steps = sum(cached[job.key].steps for job in jobs)
     saved = sum(cached[job.key].cached for job in jobs)
-    return {"psnr": values, "median": float(np.median(values)), "min": float(min(values)),
-            "match": sum(hits) / len(hits), "saved": saved / steps, "saved_steps": saved, "steps": steps}
+    return {"median": float(np.median(values)), "min": float(min(values)), "match": sum(hits) / len(hits),
+            "sound": (float(np.median(snrs)), float(min(snrs)), sum(pitched) / len(pitched)) if heard else None,
+            "saved": saved / steps, "saved_steps": saved, "steps": steps}
+
+
+def sound_columns(ours: Render, uncached: Render, scene: scenes.Scene) -> str:
+    """The per-render table's sound cells: SNR against uncached and pitch match, ``–`` for a silent render."""
+    if ours.sound is None:
+        return "– | –"
+    return f"{measure.snr(uncached.sound, ours.sound):.1f} | {'yes' if ours.sounds(scene) else 'NO'}"
 
 
 def main() -> None:
@@ -119,25 +132,28 @@ def main() -> None:
           f"{platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s{stills}")
     print(f"uncached prompt match: {sum(base_hits) / len(base_hits):.0%}\n")
     print(f"## per render, threshold {args.default} against uncached\n")
-    print("| job | task | PSNR (dB) | steps cached | prompt match |")
-    print("|---|---|---|---|---|")
+    print("| job | task | PSNR (dB) | steps cached | prompt match | sound SNR (dB) | sound names its colour |")
+    print("|---|---|---|---|---|---|---|")
     default = cached[args.default]
     for job in demo.jobs:
-        ours = default[job.key]
-        hit = measure.matches(scene_of(job.request.prompt), measure.read(ours.frames))
-        print(f"| {job.key} | {job.request.task} | {psnr(ours.frames, uncached[job.key].frames):.1f} | "
-              f"{ours.cached}/{ours.steps} | {'yes' if hit else 'NO'} |")
+        ours, scene = default[job.key], scene_of(job.request.prompt)
+        hit = measure.matches(scene, measure.read(ours.frames))
+        print(f"| {job.key} | {job.request.task} | {measure.psnr(ours.frames, uncached[job.key].frames):.1f} | "
+              f"{ours.cached}/{ours.steps} | {'yes' if hit else 'NO'} | "
+              f"{sound_columns(ours, uncached[job.key], scene)} |")
     for task in ("t2v", "t2i"):
         jobs = [job for job in demo.jobs if job.request.task == task]
         if not jobs:
             continue
         print(f"\n## threshold sweep, {task} ({len(jobs)} jobs)\n")
-        print("| threshold | median PSNR (dB) | min PSNR (dB) | steps saved | prompt match |")
-        print("|---|---|---|---|---|")
+        print("| threshold | median PSNR (dB) | min PSNR (dB) | steps saved | prompt match "
+              "| median sound SNR (dB) | min sound SNR (dB) | sound names its colour |")
+        print("|---|---|---|---|---|---|---|---|")
         for th in thresholds:
             s = summary(jobs, uncached, cached[th])
+            sound = "– | – | –" if s["sound"] is None else "{:.1f} | {:.1f} | {:.0%}".format(*s["sound"])
             print(f"| {th} | {s['median']:.1f} | {s['min']:.1f} | {s['saved_steps']}/{s['steps']} ({s['saved']:.0%}) "
-                  f"| {s['match']:.0%} |")
+                  f"| {s['match']:.0%} | {sound} |")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Read a render back from its pixels: background colour, shape colour, where the shape is, where it goes;
-and from its sound: the colour its tone's pitch names.
+and from its sound: the colour its tone's pitch names. Compare two renders: PSNR of frames, SNR of waveforms.
 
 Independent of any model: every pixel is classified to the nearest named colour of
 ``toy.scenes.COLOURS``; the background is the commonest class, the shape the commonest of the
 rest; the shape's centroid gives its position (nearest named anchor) and, across frames, its motion.
 A waveform's pitch is the peak of its (Hann-windowed) spectrum; its colour the nearest of ``PITCHES``.
+Comparisons sum in float64: a float32 sum over a clip's samples would round away the small differences measured.
 """
 
 from __future__ import annotations
@@ -91,3 +92,26 @@ def pitch(samples: np.ndarray, rate: int) -> float:
 def colour_of_pitch(hz: float) -> str:
     """The colour whose tone is nearest ``hz``."""
     return min(PITCHES, key=lambda name: abs(PITCHES[name] - hz))
+
+
+def mse(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean squared difference of two arrays of one shape (uint8 frames or float waveforms)."""
+    return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+
+
+def decibels(error: float) -> float:
+    """PSNR (dB) of uint8 frames whose mean squared error is ``error``; inf when they are identical."""
+    return float("inf") if error == 0 else float(10 * np.log10(255.0**2 / error))
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR (dB) of uint8 frames ``a`` against ``b`` (any one shape, e.g. ``[T, H, W, 3]``)."""
+    return decibels(mse(a, b))
+
+
+def snr(reference: np.ndarray, signal: np.ndarray) -> float:
+    """SNR (dB) of waveform ``signal`` against ``reference`` (one shape, e.g. ``[channels, N]``): the reference's
+    power over the power of their difference; inf when they are identical."""
+    reference = reference.astype(np.float64)
+    noise = float(np.sum((signal.astype(np.float64) - reference) ** 2))
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(reference**2) / noise))

@@ -23,6 +23,7 @@ from cosmos3.errors import CheckpointError, ConfigError, PipelineError, SoundTok
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, STEPS, ModelSpy, job
 from tests.tiny_checkpoint import TINY_SOUND_TOKENIZER, make_tiny_checkpoint, mismatch_weights
+from toy import measure
 
 RATE = TINY_SOUND_TOKENIZER["sampling_rate"]
 HOP = 320  # prod(dec_strides) of the tiny tokenizer: 8000 Hz / 320 = 25 latent frames per second
@@ -307,10 +308,6 @@ def test_cuda_sound_render_with_graphs_equals_eager(root):
 # -- static FP8 with sound on --------------------------------------------------------------------------
 
 
-def snr_db(reference: np.ndarray, signal: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(reference**2) / np.sum((signal - reference) ** 2)))
-
-
 @pytest.fixture(scope="module")
 def fp8_root(root, tmp_path_factory):
     from cosmos3.fp8_export import export_fp8
@@ -343,7 +340,7 @@ def test_static_fp8_renders_sound_with_each_steps_precision_set_before_both_pass
     assert a16 == [0, 1, 2, 5, 6, 7]
     assert methods == [W8A16 if i in a16 else STATIC_FP8 for i in range(8) for _branch in ("cond", "uncond")]
     # The waveform stays a close copy of the fp32 render's (measured: 59 dB).
-    assert snr_db(pipe(job("t2v", steps=8)).sound, out.sound) > 40.0
+    assert measure.snr(pipe(job("t2v", steps=8)).sound, out.sound) > 40.0
 
 
 @pytest.mark.gpu
@@ -355,4 +352,4 @@ def test_cuda_static_fp8_sound_render_with_graphs_equals_eager_and_stays_close_t
     assert np.array_equal(graphed.frames, eager.frames)
     assert np.array_equal(graphed.sound, eager.sound)
     bf16 = Cosmos3Pipeline.from_pretrained(root, device="cuda")(request)
-    assert snr_db(bf16.sound, graphed.sound) > 20.0
+    assert measure.snr(bf16.sound, graphed.sound) > 20.0

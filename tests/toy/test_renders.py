@@ -92,19 +92,6 @@ def renders() -> Renders:
     return Renders()
 
 
-def mse(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-
-
-def decibels(error: float) -> float:
-    """PSNR of uint8 frames whose mean squared error is ``error``."""
-    return float("inf") if error == 0 else 10 * np.log10(255.0**2 / error)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    return decibels(mse(a, b))
-
-
 @pytest.mark.parametrize("prompt_set", list(PROMPT_SETS))
 def test_fp8_renders_show_their_prompt_in_most_seeds(renders, prompt_set):
     hits = {
@@ -118,7 +105,7 @@ def test_fp8_renders_show_their_prompt_in_most_seeds(renders, prompt_set):
 
 
 def test_fp8_renders_stay_within_the_psnr_bound_of_bf16(renders):
-    values = [psnr(renders("fp8", scene, seed), renders("bf16", scene, seed)) for scene, seed in COMPARED]
+    values = [measure.psnr(renders("fp8", scene, seed), renders("bf16", scene, seed)) for scene, seed in COMPARED]
     print(f"\nFP8 vs BF16 PSNR (dB): min {min(values):.1f}, median {np.median(values):.1f}")
     assert min(values) >= PSNR_BOUND, values
 
@@ -129,19 +116,20 @@ def test_step_precision_on_lands_closer_to_bf16_than_off(renders):
     Measured on the committed checkpoint: on is closer to BF16 in 7 of the 8 jobs, so the assertion is
     on the error pooled over the jobs (mean MSE), not job by job.
     """
-    on, off = ([mse(renders(variant, scene, seed), renders("bf16", scene, seed)) for scene, seed in COMPARED]
+    on, off = ([measure.mse(renders(variant, scene, seed), renders("bf16", scene, seed)) for scene, seed in COMPARED]
                for variant in ("fp8", "fp8-steps-off"))
-    on_db, off_db = [decibels(e) for e in on], [decibels(e) for e in off]
+    on_db, off_db = [measure.decibels(e) for e in on], [measure.decibels(e) for e in off]
     closer = sum(a < b for a, b in zip(on, off, strict=True))
     print(f"\nPSNR to BF16 (dB), job by job:\n  on:  {np.round(on_db, 1).tolist()}"
           f"\n  off: {np.round(off_db, 1).tolist()}"
-          f"\n  pooled on {decibels(np.mean(on)):.1f}, off {decibels(np.mean(off)):.1f}; "
+          f"\n  pooled on {measure.decibels(np.mean(on)):.1f}, off {measure.decibels(np.mean(off)):.1f}; "
           f"on closer in {closer}/{len(on)}")
     assert np.mean(on) <= np.mean(off)
 
 
 def test_fp8_attention_renders_stay_close_to_bf16_attention_and_show_their_prompt(renders):
-    values = [psnr(renders("fp8-attention", scene, seed), renders("fp8", scene, seed)) for scene, seed in COMPARED]
+    values = [measure.psnr(renders("fp8-attention", scene, seed), renders("fp8", scene, seed))
+              for scene, seed in COMPARED]
     lost = [(scene.caption, seed) for scene, seed in COMPARED
             if measure.matches(scene, measure.read(renders("fp8", scene, seed)))
             and not measure.matches(scene, measure.read(renders("fp8-attention", scene, seed)))]
@@ -166,7 +154,7 @@ def test_a_bf16_vae_decodes_the_same_latents_within_the_bound_of_fp32(renders):
         with torch.inference_mode():
             latents = fp32.encode(video)
             a, b = (to_uint8_frames(vae.decode(latents)) for vae in (fp32, bf16))
-        values.append(psnr(a, b))
+        values.append(measure.psnr(a, b))
         if measure.matches(scene, measure.read(a)) and not measure.matches(scene, measure.read(b)):
             lost.append((scene.caption, seed))
     print(f"\nbf16 vs fp32 VAE PSNR (dB): min {min(values):.1f}, median {np.median(values):.1f}")
