@@ -6,12 +6,16 @@ bookkeeping run every step as in a real render; only the decision is given. Side
 
 * the clip (bench_render's T2V: 1280x720, 189 frames, 35 steps, CFG 6) uncached and with 16 of its 35 steps cached
   (what SeaCache's 1.82x on Nano implies), never a W8A16 edge step, at most two in a row;
-* the still (1024x1024, 50 steps) uncached and with 20 of 50 cached, each twice (the first captures its graphs).
+* the still (1024x1024, 50 steps) uncached and with 20 of 50 cached, each twice (the first captures its graphs);
+* what the checkpoint's W8A16 edge steps cost a cached clip: the same 16 cached steps with every computed step
+  W8A8 (the step policy's windows emptied for the arm, as ``step_precision: off`` renders; named in ``--arms``).
 
 Per arm: the denoising seconds, the mean computed (W8A8) and cached step, the job's peak memory during the steps.
 
     python benchmarks/bench_cached_steps.py write --root /tmp/nano        # the random FP8 checkpoint
     python benchmarks/bench_cached_steps.py run --root /tmp/nano --out $OUT/cached-steps.json
+    python benchmarks/bench_cached_steps.py run --root /tmp/nano --attention fp8 --arms clip-cached clip-cached-w8a8 \
+        --out $OUT/cached-steps-edges.json
     python benchmarks/bench_cached_steps.py report $OUT/cached-steps.json
 """
 
@@ -23,6 +27,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,8 +48,9 @@ def fixed_schedule(num_steps: int, edges: set[int], cached: int) -> set[int]:
     return chosen
 
 
-def use_schedule(pipe, cached: int | None) -> None:
-    """Make ``pipe`` run ``cached`` of every job's steps cached on a fixed schedule (None: uncached)."""
+def use_schedule(pipe, cached: int | None, policy) -> None:
+    """Make ``pipe`` run ``cached`` of every job's steps cached on a fixed schedule (None: uncached), never one of
+    ``policy``'s W8A16 edge steps (a ``StepPolicy``: the checkpoint's)."""
     from cosmos3.cache_options import SeaCacheSettings
     from cosmos3.step_cache import StepCache
 
@@ -63,17 +69,40 @@ def use_schedule(pipe, cached: int | None) -> None:
         if cached is None:
             return None
         n = len(scheduler.timesteps)
-        edges = set(pipe.model.step_controller.policy.a16_steps(n))
+        edges = set(policy.a16_steps(n))
         sigmas = [float(s) for s in scheduler.sigmas[:n].tolist()]
         return FixedSchedule(fixed_schedule(n, edges, cached), SeaCacheSettings(), sigmas, frozenset(edges))
 
     pipe._step_cache = step_cache
 
 
-def arm(pipe, name: str, job: str, cached: int | None) -> dict:
+class Arm(NamedTuple):
+    key: str  # --arms
+    name: str
+    job: str
+    cached: int | None  # steps cached on the fixed schedule; None: uncached
+    edge_steps: bool = True  # False: the step policy's W8A16 steps run W8A8 too
+
+
+ARMS = [Arm("still", "still uncached", "t2i", None), Arm("still-again", "still uncached again", "t2i", None),
+        Arm("still-cached", f"still {STILL_CACHED}/50 cached", "t2i", STILL_CACHED),
+        Arm("still-cached-again", f"still {STILL_CACHED}/50 cached again", "t2i", STILL_CACHED),
+        Arm("clip-cached", f"clip {CLIP_CACHED}/35 cached", "t2v", CLIP_CACHED),
+        Arm("clip", "clip uncached", "t2v", None),
+        Arm("clip-cached-w8a8", f"clip {CLIP_CACHED}/35 cached, edge steps W8A8", "t2v", CLIP_CACHED, False)]
+
+
+def arm(pipe, spec: Arm, published) -> dict:
+    """One arm's job; ``published``: the checkpoint's step policy (the schedule's edges, and the arm's policy unless
+    it runs its edge steps W8A8)."""
     import torch
 
-    use_schedule(pipe, cached)
+    from cosmos3.step_precision import StepPolicy
+
+    name, job, cached = spec.name, spec.job, spec.cached
+    no_windows = StepPolicy(0, 0, published.reasoner, source="override")
+    pipe.model.step_controller.policy = published if spec.edge_steps else no_windows
+    use_schedule(pipe, cached, published)
     torch.cuda.synchronize()
     started = time.perf_counter()
     out = pipe(job_request(job))
@@ -112,13 +141,9 @@ def do_run(args) -> None:
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background",
                                            attention=args.attention)
     results = {"machine": machine(), "attention": args.attention, "load": pipe.load_timings, "arms": []}
-    plan = [("still uncached", "t2i", None), ("still uncached again", "t2i", None),
-            (f"still {STILL_CACHED}/50 cached", "t2i", STILL_CACHED),
-            (f"still {STILL_CACHED}/50 cached again", "t2i", STILL_CACHED),
-            (f"clip {CLIP_CACHED}/35 cached", "t2v", CLIP_CACHED), ("clip uncached", "t2v", None)]
-    plan = [arm for arm in plan if arm[1] in args.jobs]
-    for name, job, cached in plan:
-        results["arms"].append(arm(pipe, name, job, cached))
+    published = pipe.model.step_controller.policy
+    for spec in [a for a in ARMS if a.job in args.jobs and a.key in args.arms]:
+        results["arms"].append(arm(pipe, spec, published))
         args.out.write_text(json.dumps(results, indent=1, default=str))  # what ran comes back if the call ends
 
 
@@ -136,6 +161,7 @@ def do_report(args) -> None:
         print(f"| {a['arm']} | {a['steps_s']:.2f} | {a['full_step_s']:.4f} | {cached} | {ratio} | {peak:.2f} | "
               f"{a['timings']['vae_decode']:.2f} | {a['timings']['total']:.2f} |")
     pairs = [("clip uncached", f"clip {CLIP_CACHED}/35 cached"),
+             (f"clip {CLIP_CACHED}/35 cached", f"clip {CLIP_CACHED}/35 cached, edge steps W8A8"),
              ("still uncached again", f"still {STILL_CACHED}/50 cached again")]
     for base, cached in pairs:
         if base in arms and cached in arms:
@@ -152,7 +178,10 @@ def main() -> None:
     run.add_argument("--root", type=Path, required=True)
     run.add_argument("--out", type=Path, required=True)
     run.add_argument("--attention", default="auto", choices=["auto", "bf16", "fp8"])
-    run.add_argument("--jobs", nargs="+", default=["t2i", "t2v"], choices=["t2i", "t2v"], help="which arms to run")
+    run.add_argument("--jobs", nargs="+", default=["t2i", "t2v"], choices=["t2i", "t2v"], help="which jobs' arms")
+    keys = [a.key for a in ARMS]
+    run.add_argument("--arms", nargs="+", default=[k for k in keys if k != "clip-cached-w8a8"], choices=keys,
+                     help="which arms to run, in the order above (clip-cached-w8a8 only when named)")
     report = sub.add_parser("report")
     report.add_argument("out", type=Path)
     args = parser.parse_args()
