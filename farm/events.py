@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import sys
 import time
@@ -50,6 +51,18 @@ def configure_logging(json_lines: bool) -> None:
     )
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with each non-finite float as None: strict JSON readers (jq, JavaScript) refuse the ``NaN`` and
+    ``Infinity`` Python writes, and one odd figure must not cost the event or the readers their log."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 class RunLog:
     """One run's events: appended to the JSONL log, logged, and counted on the progress bar."""
 
@@ -68,7 +81,7 @@ class RunLog:
 
     def emit(self, event: str, **fields: Any) -> None:
         record = {"ts": time.time(), "run": self.run_id, "event": event, **fields}
-        self._append((json.dumps(record, default=str) + "\n").encode())
+        self._append((json.dumps(_strict(record), default=str, allow_nan=False) + "\n").encode())
         (self._log.warning if event in _WARNINGS else self._log.info)(event, **fields)
         if event in _FINAL:
             self._failed += event == "job_failed"

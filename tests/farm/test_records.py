@@ -104,6 +104,20 @@ def test_an_event_is_appended_whole_or_not_at_all(tmp_path, monkeypatch):
     assert log.fault.startswith("ENOSPC (No space left on device) appending to ")
 
 
+def test_an_event_with_a_non_finite_figure_is_written_as_strict_json(tmp_path):
+    path = tmp_path / "events.jsonl"
+    log = RunLog(path, "run-1", 1, progress=False)
+    log.emit("job_done", key="a", seconds=float("nan"), figures={"eta": float("inf"), "steps": (1.5, float("-inf"))})
+    log.close()
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    record = json.loads(path.read_text(), parse_constant=refuse)
+    assert (record["event"], record["key"], record["seconds"]) == ("job_done", "a", None)
+    assert record["figures"] == {"eta": None, "steps": [1.5, None]}
+
+
 def test_a_summary_that_cannot_be_written_still_leaves_the_state_and_says_so(tmp_path, monkeypatch):
     m = manifest.load(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]))
     storage.prepare_root(m.output_root)
