@@ -24,6 +24,13 @@ def _samples(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def _pool(root: Path) -> list[tuple[int, int]]:
+    """The run's (wanted, ready) workers, event by event; none before its event log exists."""
+    if not (root / ".farm" / "test" / "events.jsonl").exists():
+        return []
+    return [(e["wanted"], e["ready"]) for e in events(root) if e["event"] == "workers"]
+
+
 def _wait_for(condition, what: str, seconds: float = 180) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -37,22 +44,35 @@ def test_the_cluster_grows_for_the_queue_and_shrinks_once_it_drains(nodes, tmp_p
     _wait_for(lambda: _samples(samples), "the first sample of the cluster's nodes")
     assert _samples(samples)[0]["nodes"] == 0
 
-    jobs = [{"id": f"shot{i:02d}", "prompt": f"shot {i}"} for i in range(30)]
+    # Every job waits at a gate the test opens once the run holds all the workers it wants: no job can end before,
+    # so the pool reaches its size whatever the speed of the nodes' start against the jobs'.
+    gate = tmp_path / "gate"
+    jobs = [{"id": f"shot{i:02d}", "prompt": f"shot {i} wait-for {gate}"} for i in range(30)]
     path = write_manifest(tmp_path, jobs, defaults={"steps": 100})
     root = tmp_path / "out"
-    run = subprocess.run([sys.executable, "-m", "farm", "submit", str(path), "--address", nodes.address,
-                          "--max-workers", str(MAX_WORKERS), "--pipeline", "worker.fake:factory", "--no-progress",
-                          "--start-timeout", "300"], cwd=REPO, env=nodes.env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr
+    log = tmp_path / "submit.log"  # a file, not a pipe nobody reads while the test waits
+    with open(log, "w") as out:
+        submit = subprocess.Popen([sys.executable, "-m", "farm", "submit", str(path), "--address", nodes.address,
+                                   "--max-workers", str(MAX_WORKERS), "--pipeline", "tests.farm.fakes:gated",
+                                   "--no-progress", "--start-timeout", "300"], cwd=REPO, env=nodes.env,
+                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: (MAX_WORKERS, MAX_WORKERS) in _pool(root), "every wanted worker ready at once", 300)
+        gate.touch()
+        submit.wait(timeout=600)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+            submit.wait()
+    assert submit.returncode == 0, log.read_text()[-4000:]
 
     # Every job once, on the nodes the autoscaler started for the run.
     assert_every_job_done_once(root, jobs)
     run_events = events(root)
     assert [e["attempt"] for e in run_events if e["event"] == "job_done"] == [1] * len(jobs)
-    # The run asked for MAX_WORKERS (fewer than its jobs), had them all, and let them go at the end.
-    pool = [(e["wanted"], e["ready"]) for e in run_events if e["event"] == "workers"]
-    assert pool[0] == (MAX_WORKERS, 0) and (MAX_WORKERS, MAX_WORKERS) in pool
+    # The run asked for MAX_WORKERS (fewer than its jobs), never more, and let them go at the end.
+    pool = _pool(root)
+    assert pool[0] == (MAX_WORKERS, 0)
     assert max(wanted for wanted, _ in pool) == MAX_WORKERS
     assert sum(e["event"] == "worker_released" for e in run_events) >= 1
 
