@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from cosmos3.cache_options import DEFAULT_CACHE, runs_on
 from cosmos3.load_options import LoadOptions
 from cosmos3.request import RenderRequest
 
@@ -74,6 +75,9 @@ def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[
     fields = dict(vars(request))  # flat values: a shallow copy (asdict's deep copy was most of a 100k-seed sweep)
     for key in ("image", "video"):
         fields[key] = input_hash(fields[key]) if fields[key] else None
+    load = dict(vars(model.options))
+    if not runs_on(request.frames):  # a still computes every step: whatever `cache` says, it hashes as the default
+        load["cache"] = DEFAULT_CACHE
     identity = {"format": CONFIG_FORMAT, "request": fields, "checkpoint": model.fingerprint,
-                "load": vars(model.options), "outputs": list(outputs)}
+                "load": load, "outputs": list(outputs)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()

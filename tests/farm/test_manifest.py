@@ -89,6 +89,11 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of(base, model={"cache": "seacache"}) == original
     assert hash_of(base, model={"cache": "off"}) != original
     assert hash_of(base, model={"cache": {"method": "seacache", "threshold": 0.4}}) != original
+    # A still computes every step: no cache setting changes its PNG, so none re-renders it.
+    still = {**base, "task": "t2i"}
+    settings = ("seacache", "off", {"method": "seacache", "threshold": 0.4})
+    assert {hash_of(still, model={"cache": cache}) for cache in settings} == {hash_of(still)}
+    assert hash_of(still, model={"precision": "bf16"}) != hash_of(still)
 
 
 def test_sound_follows_the_checkpoint_and_a_wav_sits_beside_its_mp4(tmp_path):
