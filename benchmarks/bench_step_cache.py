@@ -14,7 +14,6 @@ the toy's steps on a shared CPU time nothing but noise. Stills run every step in
 from __future__ import annotations
 
 import argparse
-import itertools
 import platform
 import subprocess
 import time
@@ -32,16 +31,6 @@ from farm import manifest
 from toy import measure, scenes
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def scene_of(prompt: str) -> scenes.Scene:
-    """The toy scene whose caption is ``prompt``."""
-    for shape, colour, background in itertools.product(scenes.SHAPES, scenes.COLOURS, scenes.COLOURS):
-        for where in [{"position": p} for p in scenes.POSITIONS] + [{"motion": m} for m in scenes.MOTIONS]:
-            scene = scenes.Scene(shape, colour, background, **where)
-            if scene.caption == prompt:
-                return scene
-    raise ValueError(f"{prompt!r} is no toy scene's caption")
 
 
 @dataclass
@@ -87,10 +76,10 @@ def run(jobs, pipe: Cosmos3Pipeline, thresholds: list[float]) -> tuple[dict, dic
 
 def summary(jobs, uncached: dict, cached: dict) -> dict:
     values = [measure.psnr(cached[job.key].frames, uncached[job.key].frames) for job in jobs]
-    hits = [measure.matches(scene_of(job.request.prompt), measure.read(cached[job.key].frames)) for job in jobs]
+    hits = [measure.matches(scenes.scene_of(job.request.prompt), measure.read(cached[job.key].frames)) for job in jobs]
     heard = [job for job in jobs if cached[job.key].sound is not None]
     snrs = [measure.snr(uncached[job.key].sound, cached[job.key].sound) for job in heard]
-    pitched = [cached[job.key].sounds(scene_of(job.request.prompt)) for job in heard]
+    pitched = [cached[job.key].sounds(scenes.scene_of(job.request.prompt)) for job in heard]
     steps = sum(cached[job.key].steps for job in jobs)
     saved = sum(cached[job.key].cached for job in jobs)
     return {"median": float(np.median(values)), "min": float(min(values)), "match": sum(hits) / len(hits),
@@ -126,7 +115,8 @@ def main() -> None:
     seconds = time.perf_counter() - start
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
-    base_hits = [measure.matches(scene_of(j.request.prompt), measure.read(uncached[j.key].frames)) for j in demo.jobs]
+    base_hits = [measure.matches(scenes.scene_of(j.request.prompt), measure.read(uncached[j.key].frames))
+                 for j in demo.jobs]
     stills = ", stills cached too" if args.stills else ""
     print(f"# step cache on the toy ({demo.model.checkpoint}): {len(demo.jobs)} demo jobs, commit {commit.strip()}, "
           f"{platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s{stills}")
@@ -136,7 +126,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     default = cached[args.default]
     for job in demo.jobs:
-        ours, scene = default[job.key], scene_of(job.request.prompt)
+        ours, scene = default[job.key], scenes.scene_of(job.request.prompt)
         hit = measure.matches(scene, measure.read(ours.frames))
         print(f"| {job.key} | {job.request.task} | {measure.psnr(ours.frames, uncached[job.key].frames):.1f} | "
               f"{ours.cached}/{ours.steps} | {'yes' if hit else 'NO'} | "

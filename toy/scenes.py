@@ -11,6 +11,7 @@ shape moves right or down and fading as it moves left or up (``loudness``); ``to
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -143,6 +144,16 @@ def tone(scene: Scene, samples: int, rate: int) -> np.ndarray:
     t = np.arange(samples) / rate
     progress = t / (samples / rate)
     return (TONE_PEAK * loudness(scene, progress) * np.sin(2 * np.pi * PITCHES[scene.colour] * t)).astype(np.float32)
+
+
+def scene_of(caption: str) -> Scene:
+    """The scene whose caption is ``caption`` (a manifest job's prompt)."""
+    for shape, colour, background in itertools.product(SHAPES, COLOURS, COLOURS):
+        for where in [{"position": p} for p in POSITIONS] + [{"motion": m} for m in MOTIONS]:
+            scene = Scene(shape, colour, background, **where)
+            if scene.caption == caption:
+                return scene
+    raise ValueError(f"{caption!r} is no toy scene's caption")
 
 
 def request(scene: Scene, *, seed: int, steps: int = STEPS, guidance: float = GUIDANCE) -> RenderRequest:
