@@ -19,7 +19,7 @@ from farm import manifest
 from toy import measure, scenes
 
 DEMO = Path(__file__).resolve().parents[2] / "manifests" / "demo.yaml"
-MEDIAN_PSNR, MIN_PSNR = 30.0, 25.0  # dB; measured: 53.8 to 63.7 (cpu-step-cache.md)
+MEDIAN_PSNR, MIN_PSNR = 30.0, 25.0  # dB; measured: 53.8 to 63.7 over four runs (cpu-step-cache.md)
 # dB. A clip's sound SNR moves with the CPU's rounding alone: on one machine, ATEN_CPU_CAPABILITY avx512, avx2 and
 # default give blue-triangle-moving-up 19.9, 29.3 and 21.0 dB (cpu-step-cache.md). Over the seven clips and four
 # such runs the default's median is 30.9 to 34.0 and its minimum 19.9 to 29.3; threshold 0.4's 21.0 to 23.8 and
