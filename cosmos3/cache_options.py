@@ -81,7 +81,7 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
     return (None if found else SeaCacheSettings(**params)), found
 
 
-def runs_on(frames: int) -> bool:
+def cache_runs_on(frames: int) -> bool:
     """Whether a render of ``frames`` frames runs the step cache: clips only. On the H200 a still's cached step
     (its embedding, readout and indicator, eager) costs a fifth of its graphed computed step, a clip's 0.2%
     (benchmarks/results/h200-step-cache.md), so stills compute every step and their setting changes no pixel."""

@@ -32,7 +32,7 @@ import torch
 from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
-from cosmos3.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache, runs_on
+from cosmos3.cache_options import DEFAULT_CACHE, SeaCacheSettings, cache_runs_on, parse_cache
 from cosmos3.checkpoint_header import check_layout, check_sound_dir, transformer_dir
 from cosmos3.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.cuda_graphs import enable_cuda_graphs
@@ -425,9 +425,9 @@ class Cosmos3Pipeline:
         )
 
     def _step_cache(self, plan: RenderPlan, scheduler) -> StepCache | None:
-        """The job's step cache: clips (cache_options.runs_on) on the base sampler only; a distilled schedule has
+        """The job's step cache: clips (cache_options.cache_runs_on) on the base sampler only; a distilled schedule has
         four steps, re-noised. A step policy's W8A16 edge steps are always computed."""
-        if self.cache is None or not runs_on(plan.frames) or self.recipe.is_distilled:
+        if self.cache is None or not cache_runs_on(plan.frames) or self.recipe.is_distilled:
             return None
         n = len(scheduler.timesteps)
         controller = getattr(self.model, "step_controller", None)

@@ -49,6 +49,13 @@ def test_a_still_shape_does_not_read_as_motion():
 )
 def test_captions(scene, caption):
     assert scene.caption == caption
+    assert scenes.scene_of(caption) == scene
+
+
+def test_a_caption_no_scene_has_is_refused_by_name():
+    caption = "a purple circle at the left on a blue background"
+    with pytest.raises(ValueError, match=f"'{caption}' is no toy scene's caption"):
+        scenes.scene_of(caption)
 
 
 def test_every_caption_word_is_in_the_toy_vocabulary(tmp_path):
