@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 from ray._common.utils import get_default_system_temp_dir  # where Ray puts its sessions: no public API
+from ray._private import ray_constants  # whether a node may join others: no public API
 from ray._private import worker as ray_worker  # its log printer: there is no public hook for it
 
 try:  # Ray's token lookup; there is no public API for it
@@ -72,7 +73,10 @@ def connect(address: str | None) -> Connection:
             # cluster gets a folder of its own, removed with it.
             temp_dir = Path(tempfile.mkdtemp(prefix="farm-"))
             # Ray keeps its sessions (logs, sockets) where they would go without it: Ray reads $TMPDIR for them.
-            with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir()):
+            # The cluster is this machine's alone, so every port it opens (the metrics port, which answers anyone
+            # without authentication, the GCS, the raylet) listens on loopback only (`_loopback_only`).
+            with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir(),
+                              **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}), _loopback_only():
                 # "local": a new cluster even when one started by `ray start` runs on this machine (plain
                 # ray.init() would join the newest of those instead).
                 context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
@@ -91,6 +95,20 @@ def connect(address: str | None) -> Connection:
         [sys.executable, "-m", "farm.reaper", str(os.getpid()), str(temp_dir)], start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return Connection(owned=True, dashboard_url=f"http://{url}" if url else None, reaper=reaper, temp_dir=temp_dir)
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray starts a cluster on 127.0.0.1 when it runs as a single machine's (its rule on macOS and Windows:
+    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`): the node's address is then loopback, and its metrics agent binds
+    there instead of on every interface. Ray reads that variable once, at import, so the driver's copy is set
+    meanwhile too; the processes it starts read the variable itself."""
+    previous = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = previous
 
 
 @contextlib.contextmanager
