@@ -196,13 +196,15 @@ def _gpus(accelerator_type: str | None) -> int:
     return total
 
 
-def plan_workers(workers: int | None, accelerator_type: str | None, max_workers: int | None = None,
-                 jobs: int = 0) -> WorkerPlan:
-    """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs.
-    With `max_workers`, GPU workers for min(`jobs`, `max_workers`) whatever GPUs the cluster has now: the
-    workers still waiting for a GPU are the demand Ray's autoscaler adds nodes for.
+def plan_workers(workers: int | None, accelerator_type: str | None, max_workers: int | None = None, *,
+                 jobs: int) -> WorkerPlan:
+    """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs, each
+    with a whole CPU at least. With `max_workers`, GPU workers for min(`jobs`, `max_workers`) whatever GPUs the
+    cluster has now: the workers still waiting for a GPU are the demand Ray's autoscaler adds nodes for. Never
+    more workers than `jobs` (more would render nothing), and a count the cluster cannot hold is refused here,
+    before the driver makes a slot for any.
 
-    # Raises: ClusterError when asked for a GPU type or count the cluster does not have.
+    # Raises: ClusterError when asked for a GPU type, GPU count or CPU count the cluster does not have.
     """
     if max_workers:
         return WorkerPlan(min(jobs, max_workers), 1, 1, accelerator_type)
@@ -211,12 +213,15 @@ def plan_workers(workers: int | None, accelerator_type: str | None, max_workers:
         raise ClusterError(f"no {accelerator_type} GPUs in the cluster (--accelerator-type {accelerator_type})")
     if gpus:
         if workers and workers > gpus:
-            raise ClusterError(f"--workers {workers} asks for more GPU workers than the cluster's {gpus} GPUs")
-        return WorkerPlan(workers or gpus, 1, 1, accelerator_type)
-    count = workers or 1
+            raise ClusterError(f"--workers {workers:,} asks for more GPU workers than the cluster's {gpus} GPUs")
+        return WorkerPlan(min(workers or gpus, jobs), 1, 1, accelerator_type)
+    cores = int(ray.cluster_resources().get("CPU", 1))
+    if workers and workers > max(cores, 1):
+        raise ClusterError(f"--workers {workers:,} asks for more CPU workers than the cluster's {cores} CPUs (each "
+                           f"takes one CPU at least); use --workers {max(cores, 1)} or fewer")
+    count = min(workers or 1, jobs)
     # CPU workers split the cores, so torch's threads in one worker do not fight another's.
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // count)
-    return WorkerPlan(count, 0, cpus, None)
+    return WorkerPlan(count, 0, max(1, cores // count), None)
 
 
 def capacity(plan: WorkerPlan, workers: int | None, max_workers: int | None) -> Capacity | None:
