@@ -48,7 +48,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from farm import driver, manifest, storage  # noqa: E402
+from farm import driver, manifest, records, storage  # noqa: E402
 from worker import fake  # noqa: E402
 
 STEPS = 10
@@ -102,7 +102,8 @@ def _farm(jobs: int, seconds: float) -> dict:
 
 def _runs(m: manifest.Manifest) -> list[tuple]:
     """(driver dispatch, driver result, worker start, worker end, slot) of each job's successful attempt."""
-    log = [json.loads(line) for line in storage.events_path(m.output_root, m.name).read_text().splitlines()]
+    events = records.path(m.output_root, m.name, records.EVENTS_FILE)
+    log = [json.loads(line) for line in events.read_text().splitlines()]
     started = {(e["key"], e["attempt"]): e for e in log if e["event"] == "job_started"}
     done = [e for e in log if e["event"] == "job_done"]
     return [(started[e["key"], e["attempt"]]["ts"], e["ts"], e["worker_started"], e["worker_finished"], e["slot"])
@@ -229,7 +230,7 @@ def _scale_run(jobs: int) -> dict:
             watcher.join()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         assert report.ok, report.counts
-        records = storage.records_dir(m.output_root, m.name)
+        kept = records.path(m.output_root, m.name)
         runs = _runs(m)
         overhead = [(result - sent) - (end - start) for sent, result, start, end, _ in runs]
         # What a resubmit costs before it renders anything: every output checked, every folder swept for temps.
@@ -250,8 +251,8 @@ def _scale_run(jobs: int) -> dict:
         return {"jobs": jobs, "wall": wall, "load": load, "manifest_load": loaded, "overhead": overhead,
                 "resubmit": resubmit, "sweep": sweep, "sweep_per_job": per_job, "status_done": status_done,
                 "cpu_per_job": cpu / jobs, "rss_peak": max(watcher.rss), "status": watcher.status,
-                "events_mb": (records / "events.jsonl").stat().st_size / 2**20,
-                "state_mb": (records / "state.json").stat().st_size / 2**20}
+                "events_mb": (kept / records.EVENTS_FILE).stat().st_size / 2**20,
+                "state_mb": (kept / records.STATE_FILE).stat().st_size / 2**20}
 
 
 def _scale_row(r: dict) -> str:

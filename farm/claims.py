@@ -32,13 +32,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
-
-from farm import lease, storage, template
+from farm import lease, records, storage, template
 from farm.errors import FarmError, StorageFault
 
 CLAIMS_FILE = "claims.json"
-LOCK_FILE = ".claims.lock"  # a dot first: no manifest name (an id starts with a letter or digit) is it
 CLAIMS_FORMAT = 1
 _SHOWN = 10  # conflicts listed in a refusal
 
@@ -52,7 +49,7 @@ class ClaimsUnknown(FarmError):
 
 
 def claims_path(root: str | Path, name: str) -> Path:
-    return storage.records_dir(root, name) / CLAIMS_FILE
+    return records.path(root, name, CLAIMS_FILE)
 
 
 def wanted(manifest) -> dict[str, str]:
@@ -85,7 +82,7 @@ def claim(manifest) -> None:
             found = _roots(mine)  # a root nested on the way may have appeared before its lock was taken
             if found <= roots:
                 _refuse_taken(mine, found)
-                storage.write_json(claims_path(mine.root, manifest.name), {
+                records.write(mine.root, manifest.name, CLAIMS_FILE, data={
                     "format": CLAIMS_FORMAT, "manifest": {"path": manifest.path, "name": manifest.name},
                     "files": mine.files,
                 })
@@ -125,13 +122,7 @@ def _locked(roots: Iterable[Path]) -> Iterator[None]:
     lock is released when its descriptor closes, also if this process dies."""
     with contextlib.ExitStack() as stack:
         for root in sorted(roots):
-            path = root / storage.RECORDS_DIR / LOCK_FILE
-            try:
-                path.parent.mkdir(exist_ok=True)
-                stack.enter_context(filelock.FileLock(path))  # flock; never opened through a link
-            except OSError as err:
-                raise StorageFault(f"cannot take the claims lock {path}: {err.strerror or err} (it must be a file "
-                                   "the farm made; if it is a link, a folder or a special file, remove it)") from err
+            stack.enter_context(records.lock(root))
         yield
 
 
@@ -198,25 +189,18 @@ def _claimed(root: Path, skip: str | None) -> dict[Path, str]:
 
     # Raises: ClaimsUnknown (a manifest's claims cannot be read), StorageFault (the records cannot be listed).
     """
-    records = root / storage.RECORDS_DIR
     where = "" if skip is not None else f" in output root {root}"
-    owned = {records: f"the farm's records of output root {root}"}
-    try:
-        entries = sorted(os.scandir(records), key=lambda e: e.name)
-    except FileNotFoundError:
-        return owned
-    except OSError as err:
-        raise StorageFault(f"cannot list {records}: {err.strerror or err}; the files its manifests claim are unknown "
-                           "(fix its permissions)") from err
-    for entry in entries:
-        if entry.name.startswith(".") or entry.name == skip:
+    owned = {records.path(root): f"the farm's records of output root {root}"}
+    entries = records.entries(root)
+    for name, is_folder in sorted((entries or {}).items()):
+        if name.startswith(".") or name == skip:
             continue  # the lock and other hidden files: no manifest is named so
-        folder = Path(entry.path)
-        if not entry.is_dir(follow_symlinks=False):
+        folder = records.path(root, name)
+        if not is_folder:
             raise ClaimsUnknown(f"{folder} is not a records folder the farm made (a link or a file), so the files "
                                 f"it stands for are unknown; remove it")
         files, manifest = _records_files(root, folder)
-        owner = f"manifest {manifest.get('name', entry.name)!r} ({manifest.get('path', 'path unknown')}){where}"
+        owner = f"manifest {manifest.get('name', name)!r} ({manifest.get('path', 'path unknown')}){where}"
         owned |= dict(_written((path, f"job {key} of {owner}") for path, key in files))
     return owned
 
@@ -227,22 +211,23 @@ def _records_files(root: Path, folder: Path) -> tuple[list[tuple[Path, str]], di
 
     # Raises: ClaimsUnknown naming both records and the fix.
     """
-    record, claims_problem = storage.read_record(folder / CLAIMS_FILE)
+    record, claims_problem = records.read(root, folder.name, CLAIMS_FILE)
     files = record.get("files") if record is not None else None
     if isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         return [(root / rel, key) for rel, key in files.items()], _manifest_entry(record)
     claims_problem = claims_problem or (f"{folder / CLAIMS_FILE} " + (
         "is missing" if record is None else "is not a claims record (no mapping of files)"))
-    state = storage.read_state(root, folder.name)
+    state = records.read_state(root, folder.name)
     if state is not None and "unreadable" not in state and "damaged" not in state:
-        return ([(_real(path), key) for key, entry in state["jobs"].items() for path in storage.state_files(entry)],
+        return ([(_real(path), key) for key, entry in state["jobs"].items() for path in records.state_files(entry)],
                 _manifest_entry(state))
-    if state is None and _holds_nothing(folder):
+    if state is None and _holds_nothing(root, folder.name):
         return [], {}
     state_problem = "missing" if state is None else state.get("unreadable") or state.get("damaged")
     raise ClaimsUnknown(
         f"{claims_problem}; and the manifest's state cannot stand in for it "
-        f"({storage.state_path(root, folder.name)}: {state_problem}): the files manifest {folder.name!r} writes "
+        f"({records.path(root, folder.name, records.STATE_FILE)}: {state_problem}): the files manifest "
+        f"{folder.name!r} writes "
         f"are unknown, so no manifest of {root} may claim any until they are known again; run farm submit of "
         f"manifest {folder.name!r} to write its claims again, or, if it is retired, remove {folder}/")
 
@@ -258,10 +243,11 @@ def _real(path: str) -> Path:
     return path.parent.resolve() / path.name
 
 
-def _holds_nothing(folder: Path) -> bool:
+def _holds_nothing(root: Path, name: str) -> bool:
     """A records folder with no record but a lease (and temp files): a driver between taking its lease and writing
     its claims (which it writes under the lock, after the claims read here), or one that stopped there."""
     try:
-        return all(name == lease.LEASE_FILE or name.startswith(".") for name in os.listdir(folder))  # "." : temps
-    except OSError:
+        found = records.entries(root, name) or {}
+    except StorageFault:
         return False
+    return all(entry == lease.LEASE_FILE or entry.startswith(".") for entry in found)  # "." : temps

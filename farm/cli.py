@@ -13,13 +13,14 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm import claims, lease, storage, terminal
+from farm import claims, lease, records, storage, terminal
 from farm import manifest as manifests
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
@@ -133,11 +134,11 @@ def do_submit(args: argparse.Namespace) -> Result:
 @print_result
 def do_retry(args: argparse.Namespace) -> Result:
     m = _load(args.manifest)
-    path = storage.records_dir(m.output_root, m.name) / lease.LEASE_FILE
+    path = records.path(m.output_root, m.name, lease.LEASE_FILE)
     running = lease.holder(path)
     if running is not None:  # which of its jobs fail is known once it has ended
         raise lease.LeaseHeld(path, running)
-    state = storage.read_state(m.output_root, m.name)
+    state = records.read_state(m.output_root, m.name)
     if state is None:
         raise StateError(f"no runs of {m.name} recorded under {m.output_root}; use farm submit")
     if "unreadable" in state:
@@ -188,12 +189,13 @@ def _report_result(report: driver.RunReport) -> Result:
 
 @print_result
 def do_status(args: argparse.Namespace) -> Result:
-    states = storage.read_states(args.output_root)
+    if os.path.isfile(args.output_root):
+        raise StateError(f"{terminal.escape(args.output_root)}: farm status takes an output root (a manifest's "
+                         "output.root), not a file")
+    states = records.read_states(args.output_root)
     if not states:
         expected = f"{storage.RECORDS_DIR}/<name>/state.json"
-        hint = ("; farm status takes an output root (a manifest's output.root), not a file"
-                if Path(args.output_root).is_file() else "")
-        raise StateError(f"no farm records under {terminal.escape(args.output_root)} (expected {expected}){hint}")
+        raise StateError(f"no farm records under {terminal.escape(args.output_root)} (expected {expected})")
     rows = [_status_row(args.output_root, name, state) for name, state in states.items()]
     # A damaged state's note is a line of its own under the table, not a column every row would be as wide as.
     notes = [f"{row['manifest']}: {row['damaged']}" for row in rows if "damaged" in row]
@@ -208,12 +210,12 @@ def _status_row(root: str, name: str, state: dict) -> dict[str, Any]:
     for entry in state.get("jobs", {}).values():
         # Trust storage, not the record: a deleted or truncated output is pending again. Sizes, not hashes:
         # reading every video of a 10,000-job manifest would take minutes; `farm plan` and submit read them.
-        if storage.check_published(storage.state_files(entry), entry["config_hash"], content=False) is None:
+        if storage.check_published(records.state_files(entry), entry["config_hash"], content=False) is None:
             counts["done"] += 1
         else:
             counts["failed" if entry.get("state") == "failed" else "pending"] += 1
     result = state.get("result")
-    if result == "running" and lease.holder(storage.records_dir(root, name) / lease.LEASE_FILE) is None:
+    if result == "running" and lease.holder(records.path(root, name, lease.LEASE_FILE)) is None:
         result = "interrupted: its driver is gone"  # killed without a chance to say so (SIGKILL, a lost node)
     row = {"manifest": name, **counts, "last_run": f"{state.get('run')} ({result})"}
     return {**row, "damaged": state["damaged"]} if "damaged" in state else row
@@ -302,9 +304,12 @@ def _add_run_options(sub: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_json)
+    # `ray job stop`, `kill` and batch schedulers send SIGTERM: from the first moment of every command it ends the
+    # command as Ctrl-C does (KeyboardInterrupt: a run's workers and cluster stopped, "interrupted", exit 130).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
+        args = build_parser().parse_args(argv)
+        configure_logging(args.log_json)
         code = args.func(args)
         sys.stdout.flush()  # here, so a closed pipe raises where it is handled, not at the interpreter's exit
         return code
@@ -312,4 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         # Python flushes stdout again at exit; pointing it at /dev/null keeps that from raising too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 

@@ -7,13 +7,16 @@ no GPUs gets CPU workers instead, for the demo.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import ray
 from ray._common.utils import get_default_system_temp_dir  # where Ray puts its sessions: no public API
 from ray._private import ray_constants  # whether a node may join others: no public API
+from ray._private import utils as ray_utils  # where ray.init sets its SIGTERM handler: no public API
 from ray._private import worker as ray_worker  # its log printer: there is no public hook for it
 
 try:  # Ray's token lookup; there is no public API for it
@@ -29,7 +33,7 @@ try:  # Ray's token lookup; there is no public API for it
 except ImportError:  # a Ray without token authentication
     authentication_token_setup = None
 
-from farm import terminal
+from farm import reaper, terminal
 from farm.errors import ClusterError
 from farm.job import ModelSpec
 from farm.scheduler import Capacity, Launch
@@ -56,46 +60,127 @@ def connect(address: str | None) -> Connection:
     """Joins the cluster at `address` (or $RAY_ADDRESS, which `ray job submit` sets), else starts an embedded
     one with the dashboard on 127.0.0.1. A process that is already connected (tests, a notebook) keeps it.
 
-    # Raises: ClusterError when no cluster answers at `address`.
+    An interrupt (KeyboardInterrupt: Ctrl-C, or SIGTERM as `farm.cli` turns it) while an embedded cluster starts
+    leaves none of its processes: what the start had made is ended before the interrupt goes on (`_abandon`).
+
+    # Raises: ClusterError when no cluster answers at `address`; KeyboardInterrupt.
     """
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         _check_reachable(address)
     if ray.is_initialized():
         return Connection(owned=False, dashboard_url=None)
-    token = address is not None and _use_token_auth()
-    temp_dir = None
+    if address:
+        token = _use_token_auth()
+        try:
+            with _farm_keeps_sigterm():
+                context = ray.init(address=address)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            hint = "" if token else (
+                "; if the cluster uses token authentication (Ray's default), this machine has no token: copy the "
+                "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")
+            raise ClusterError(f"cannot connect to Ray at {address}: {err}{hint}") from err
+        _forward_worker_logs_only()
+        return Connection(owned=True, dashboard_url=_url(context))
+    return _start()
+
+
+def _start() -> Connection:
+    """Starts the embedded cluster, watched by `farm.reaper` from before its first process (a driver SIGKILLed
+    while Ray starts leaves nothing either).
+
+    # Raises: ClusterError when Ray cannot start; KeyboardInterrupt, its processes ended first.
+    """
+    # Ray ends its processes with SIGKILL, so what they make in $TMPDIR stays behind (the dashboard's
+    # multiprocessing folder, `pymp-*`, at every shutdown; a killed worker's encode scratch): the cluster gets a
+    # folder of its own, removed with it.
+    temp_dir = Path(tempfile.mkdtemp(prefix="farm-"))
+    before = set(reaper.descendants(reaper.processes(), os.getpid())) if _PROC else set()
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "farm.reaper", str(os.getpid()), str(temp_dir)], start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if _PROC else None
+    connection = Connection(owned=True, dashboard_url=None, reaper=watcher, temp_dir=temp_dir)
     try:
-        if address:
-            context = ray.init(address=address)
-        else:
-            # Ray ends its processes with SIGKILL, so what they make in $TMPDIR stays behind (the dashboard's
-            # multiprocessing folder, `pymp-*`, at every shutdown; a killed worker's encode scratch): the
-            # cluster gets a folder of its own, removed with it.
-            temp_dir = Path(tempfile.mkdtemp(prefix="farm-"))
-            # Ray keeps its sessions (logs, sockets) where they would go without it: Ray reads $TMPDIR for them.
-            # The cluster is this machine's alone, so every port it opens (the metrics port, which answers anyone
-            # without authentication, the GCS, the raylet) listens on loopback only (`_loopback_only`).
-            with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir(),
-                              **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}), _loopback_only():
-                # "local": a new cluster even when one started by `ray start` runs on this machine (plain
-                # ray.init() would join the newest of those instead).
-                context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
-    except BaseException as err:  # Ctrl-C while Ray starts too
-        if temp_dir is not None:
-            shutil.rmtree(temp_dir, ignore_errors=True)
+        # Ray keeps its sessions (logs, sockets) where they would go without it: Ray reads $TMPDIR for them.
+        # The cluster is this machine's alone, so every port it opens (the metrics port, which answers anyone
+        # without authentication, the GCS, the raylet) listens on loopback only (`_loopback_only`).
+        with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir(),
+                          **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}), _loopback_only(), _farm_keeps_sigterm():
+            # "local": a new cluster even when one started by `ray start` runs on this machine (plain ray.init()
+            # would join the newest of those instead).
+            context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
+        _forward_worker_logs_only()
+        return dataclasses.replace(connection, dashboard_url=_url(context))
+    except BaseException as err:  # an interrupt at any point of the start too
+        _abandon(connection, spare=before | {watcher.pid} if watcher else before)
         if not isinstance(err, (ConnectionError, RuntimeError, ValueError)):
             raise
-        hint = "" if token or not address else (
-            "; if the cluster uses token authentication (Ray's default), this machine has no token: copy the "
-            "head's ~/.ray/auth_token to ~/.ray/auth_token here, or set RAY_AUTH_TOKEN")
-        raise ClusterError(f"cannot connect to Ray at {address or 'a new local cluster'}: {err}{hint}") from err
-    _forward_worker_logs_only()
-    url = context.dashboard_url
-    reaper = None if address or not Path("/proc").is_dir() else subprocess.Popen(
-        [sys.executable, "-m", "farm.reaper", str(os.getpid()), str(temp_dir)], start_new_session=True,
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return Connection(owned=True, dashboard_url=f"http://{url}" if url else None, reaper=reaper, temp_dir=temp_dir)
+        raise ClusterError(f"cannot start a local Ray cluster: {err}") from err
+
+
+_PROC = Path("/proc").is_dir()  # Linux: the reaper's process table
+
+
+def _url(context: Any) -> str | None:
+    return f"http://{context.dashboard_url}" if context.dashboard_url else None
+
+
+def _abandon(connection: Connection, spare: set[int]) -> None:
+    """Ends a start cut short: every process it made (`reaper.end_descendants`, those of `spare` left alone), then
+    what Ray holds of it, the reaper and the temp folder. Interrupts wait meanwhile: a second Ctrl-C must not leave
+    the first one's clean-up half done."""
+    with _uninterrupted():
+        if _PROC:
+            reaper.end_descendants(os.getpid(), spare)
+        ray.shutdown()
+        disconnect(dataclasses.replace(connection, owned=False))
+
+
+@contextlib.contextmanager
+def _farm_keeps_sigterm() -> Iterator[None]:
+    """SIGTERM stays what `farm.cli` made it, an interrupt, while ray.init runs. ray.init replaces its handler twice:
+    first with one that calls sys.exit (a silent exit 15 in the middle of the start, its processes left to
+    themselves), which it may not do meanwhile; then, as its driver's core worker starts, with Ray's C++ failure
+    handler, which aborts the process: the farm's handler is put back the moment that start returns. Ray has no
+    public way to leave the handler alone; a SIGTERM inside the core worker's own start still aborts, and the reaper
+    then ends the cluster."""
+    setter, connect = ray_utils.set_sigterm_handler, ray_worker.connect
+
+    def connect_keeping_sigterm(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return connect(*args, **kwargs)
+        finally:
+            _take_back_sigterm()
+
+    ray_utils.set_sigterm_handler = lambda handler: None
+    ray_worker.connect = connect_keeping_sigterm
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler, ray_worker.connect = setter, connect
+        _take_back_sigterm()
+
+
+def _take_back_sigterm() -> None:
+    """Installs SIGTERM's Python handler again at the C level, where Ray's core worker replaced it."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored meanwhile (clean-up that must finish); the main thread only, as Python's signal
+    handlers are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
@@ -180,13 +265,15 @@ def _check_reachable(address: str) -> None:
 
 
 def disconnect(connection: Connection) -> None:
-    if connection.owned:
-        ray.shutdown()
-    if connection.reaper is not None:  # the cluster is down: nothing is left for it to end
-        connection.reaper.terminate()
-        connection.reaper.wait()
-    if connection.temp_dir is not None:
-        shutil.rmtree(connection.temp_dir, ignore_errors=True)
+    """Shuts down what `connection` owns; an interrupt meanwhile waits until it is done."""
+    with _uninterrupted():
+        if connection.owned:
+            ray.shutdown()
+        if connection.reaper is not None:  # the cluster is down: nothing is left for it to end
+            connection.reaper.terminate()
+            connection.reaper.wait()
+        if connection.temp_dir is not None:
+            shutil.rmtree(connection.temp_dir, ignore_errors=True)
 
 
 def _gpus(accelerator_type: str | None) -> int:

@@ -12,15 +12,13 @@ import _thread
 import contextlib
 import functools
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from farm import claims, cluster, cluster_lock, lease, storage
+from farm import claims, cluster, cluster_lock, lease, records, storage
 from farm.errors import FarmError, StorageFault
 from farm.events import RunLog
 from farm.job import JobState
@@ -137,12 +135,12 @@ def _take_cluster_lock(manifest: Manifest, report: RunReport, wait: bool) -> clu
 
 
 def _lease_path(manifest: Manifest) -> Path:
-    return storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
+    return records.path(manifest.output_root, manifest.name, lease.LEASE_FILE)
 
 
 def _check_same_manifest(manifest: Manifest) -> None:
     """# Raises: FarmError when the root's records of this name are another manifest's."""
-    state = storage.read_state(manifest.output_root, manifest.name) or {}
+    state = records.read_state(manifest.output_root, manifest.name) or {}
     if "unreadable" in state:
         structlog.get_logger("farm").warning("state_unreadable", problem=state["unreadable"])
     recorded = state.get("manifest")
@@ -150,23 +148,22 @@ def _check_same_manifest(manifest: Manifest) -> None:
         raise FarmError(f"{manifest.output_root} already holds the renders of another manifest named "
                         f"{manifest.name!r} ({recorded['path']}); two manifests with one name would overwrite each "
                         f"other's renders: change name: (or, if the manifest moved, remove "
-                        f"{storage.records_dir(manifest.output_root, manifest.name)}/state.json)")
+                        f"{records.path(manifest.output_root, manifest.name, records.STATE_FILE)})")
 
 
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport,
             shared: cluster.Connection | None) -> None:
     storage.discard_temps(*todo)  # left by a run that crashed mid-write
     _write_state(report, "running")
-    connection = shared or cluster.connect(options.address)
-    # `ray job stop` and batch schedulers send SIGTERM: end as cleanly as Ctrl-C does. Installed after
-    # connecting, because ray.init installs its own SIGTERM handler, which aborts the process.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    report.dashboard_url = connection.dashboard_url
-    if connection.dashboard_url:
-        structlog.get_logger("farm").info("dashboard", url=connection.dashboard_url)
-    log = RunLog(storage.events_path(manifest.output_root, manifest.name), report.run_id, len(todo),
-                 progress=options.progress)
+    # The event log first: records that cannot be written refuse the run before a cluster starts for it.
+    log = RunLog(manifest.output_root, manifest.name, report.run_id, len(todo), progress=options.progress)
+    connection = None
     try:
+        # An interrupt while the cluster starts ends what it started before it reaches here (`cluster.connect`).
+        connection = shared or cluster.connect(options.address)
+        report.dashboard_url = connection.dashboard_url
+        if connection.dashboard_url:
+            structlog.get_logger("farm").info("dashboard", url=connection.dashboard_url)
         plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo))
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
                   "root": manifest.output_root}
@@ -184,13 +181,8 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
             report.error = f"run stopped: {log.fault}"
     finally:
         log.close()
-        if connection is not shared:
+        if connection is not None and connection is not shared:
             cluster.disconnect(connection)
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _counts(report: RunReport) -> dict[str, int]:
@@ -212,10 +204,10 @@ def _record(report: RunReport) -> None:
     if not Path(manifest.output_root).is_dir():  # writing records would bring it back, empty
         report.error = f"output root {manifest.output_root} vanished during the run; no records were written"
         return
-    path = storage.summary_path(manifest.output_root, manifest.name, report.run_id)
+    path = records.path(manifest.output_root, manifest.name, records.RUNS_DIR, f"{report.run_id}.json")
     unwritten = []
     try:
-        storage.write_json(path, {
+        records.write(manifest.output_root, manifest.name, records.RUNS_DIR, path.name, data={
             "run": report.run_id, "result": _result(report), "seconds": round(report.seconds, 3),
             "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
             "counts": report.counts, "skipped": report.skipped,
@@ -235,8 +227,7 @@ def _record(report: RunReport) -> None:
 def _write_state(report: RunReport, result: str) -> None:
     """Every job of the manifest with its state; jobs outside this run keep what the last state said."""
     manifest = report.manifest
-    path = storage.state_path(manifest.output_root, manifest.name)
-    previous = (storage.read_state(manifest.output_root, manifest.name) or {}).get("jobs", {})
+    previous = (records.read_state(manifest.output_root, manifest.name) or {}).get("jobs", {})
     skipped = set(report.skipped)
     jobs = {}
     for job in manifest.jobs:
@@ -251,7 +242,7 @@ def _write_state(report: RunReport, result: str) -> None:
             outcome = report.outcomes[job.key]
             entry.update(state=outcome.state, attempts=outcome.attempts, error=outcome.error)
         jobs[job.key] = entry
-    storage.write_json(path, {
+    records.write(manifest.output_root, manifest.name, records.STATE_FILE, data={
         "format": STATE_FORMAT, "manifest": {"path": manifest.path, "sha256": manifest.sha256, "name": manifest.name},
         "run": report.run_id, "result": result, "updated": time.time(), "jobs": jobs,
     })

@@ -19,6 +19,8 @@ from typing import Any
 import structlog
 from tqdm import tqdm
 
+from farm import records
+
 # Events that end a job: they move the progress bar.
 _FINAL = {"job_done", "job_failed"}
 # Events worth a warning in the console log.
@@ -66,12 +68,15 @@ def _strict(value: Any) -> Any:
 class RunLog:
     """One run's events: appended to the JSONL log, logged, and counted on the progress bar."""
 
-    def __init__(self, path: Path, run_id: str, total: int, *, progress: bool = True):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, root: str | Path, name: str, run_id: str, total: int, *, progress: bool = True):
+        """The events of manifest `name` under the output `root`: `.farm/NAME/events.jsonl`.
+
+        # Raises: StorageFault naming the log, when it is not a file the farm can append to (`farm.records`).
+        """
         self.run_id = run_id
-        self.path = path
+        self.path = records.path(root, name, records.EVENTS_FILE)
         # Each event reaches storage when emitted, as one whole line (`_append`).
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        self._fd = records.open_log(root, name, records.EVENTS_FILE)
         self._log = structlog.get_logger("farm").bind(run=run_id)
         # disable=None turns the bar off when stderr is not a terminal (CI logs, `ray job submit`).
         self._bar = tqdm(total=total, unit="job", disable=None if progress else True, file=sys.stderr,

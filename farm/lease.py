@@ -20,7 +20,6 @@ import contextlib
 import errno
 import json
 import os
-import secrets
 import socket
 import threading
 import time
@@ -29,13 +28,15 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
-from farm import storage
-from farm.errors import FarmError
+from farm import records, storage
+from farm.errors import FarmError, StorageFault
 
 REFRESH = 5.0  # seconds between touches of a held lease
 STALE = 60.0  # seconds of the reader's monotonic clock a lease elsewhere may go untouched before its owner is dead
 GARBLED = 1.0  # seconds a lease may read as garbled before it is reported (an O_EXCL create is being written)
 LEASE_FILE = "lease.json"
+PID_MAX = 4_194_304  # Linux's PID_MAX_LIMIT: no process id is larger (0 and -1 name groups, not a process)
+LATEST = 253402300799.0  # 9999-12-31 23:59:59 UTC, the last second a date can show
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class Owner:
         wrong = [key for key, kind in kinds.items() if not isinstance(data[key], kind) or isinstance(data[key], bool)]
         if wrong:
             raise ValueError(f"wrong type of {', '.join(wrong)}")
+        if not 1 <= data["pid"] <= PID_MAX:
+            raise ValueError(f"pid {data['pid']} is no process id (1 to {PID_MAX:,})")
+        if not 0 <= data["started"] <= LATEST:  # also NaN, which compares false
+            raise ValueError(f"started {data['started']} is no time (seconds since 1970, up to the year 9999)")
         return cls(**data)
 
     def describe(self) -> str:
@@ -106,20 +111,27 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _where(path: Path) -> tuple[Path, str]:
+    """The output root and manifest name of the lease `ROOT/.farm/NAME/lease.json`, as `farm.records` reaches it."""
+    if path.name != LEASE_FILE or path.parents[1].name != storage.RECORDS_DIR:
+        raise ValueError(f"{path} is not a lease's path (ROOT/.farm/NAME/{LEASE_FILE})")
+    return path.parents[2], path.parent.name
+
+
 def look(path: Path) -> Look | None:
     """Reads the lease at `path`; None when there is none. Opening the file (rather than a stat of the path)
     makes an NFS client fetch its attributes afresh (close-to-open), so a touch elsewhere is seen."""
+    root, name = _where(path)
     try:
-        with storage.open_regular(path) as handle:
-            stat = os.fstat(handle.fileno())
-            text = handle.read().decode("utf-8", "replace")
+        with records.folder(root, name) as fd:
+            data, stat = records.read_bytes(fd, LEASE_FILE)
     except FileNotFoundError:
         return None
     except OSError as err:
-        return Look(None, (0, 0), f"cannot read it: {err.strerror or err}")
+        return Look(None, (0, 0), records.fault(err, path, "read"))
     beat = (stat.st_ino, stat.st_mtime_ns)
     try:
-        return Look(Owner.parse(text), beat, mtime=stat.st_mtime)
+        return Look(Owner.parse(data.decode("utf-8", "replace")), beat, mtime=stat.st_mtime)
     except (ValueError, TypeError) as err:
         return Look(None, beat, f"{type(err).__name__}: {err}" if str(err) else "empty", stat.st_mtime)
 
@@ -197,15 +209,18 @@ class Lease:
                 return
             # The touch's time only has to differ from the last one; this host's clock is as good as any.
             now = time.time()
-            with contextlib.suppress(OSError):
-                os.utime(self.path, (now, now))
+            root, name = _where(self.path)
+            with contextlib.suppress(OSError), records.folder(root, name) as fd:
+                os.utime(LEASE_FILE, (now, now), dir_fd=fd, follow_symlinks=False)
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if (read(self.path) or self.owner).run == self.owner.run:
-            self.path.unlink(missing_ok=True)
+            root, name = _where(self.path)
+            with contextlib.suppress(FileNotFoundError), records.folder(root, name) as fd:
+                os.unlink(LEASE_FILE, dir_fd=fd)
 
 
 def acquire(path: Path, owner: Owner, *, wait: bool = False, on_wait: Callable[[Owner, str], None] | None = None,
@@ -214,9 +229,8 @@ def acquire(path: Path, owner: Owner, *, wait: bool = False, on_wait: Callable[[
     A holder on another host is watched until a touch shows it alive or STALE seconds without one show it dead;
     `on_wait(holder, why)` says so once per holder.
 
-    # Raises: LeaseHeld; LeaseDamaged (the file is not a lease); OSError when the folder cannot be written.
+    # Raises: LeaseHeld; LeaseDamaged (the file is not a lease); StorageFault when its folder cannot be written.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     watch, told = Watch(), None
     while True:
         if _create(path, owner):
@@ -244,30 +258,38 @@ def acquire(path: Path, owner: Owner, *, wait: bool = False, on_wait: Callable[[
 
 
 def _create(path: Path, owner: Owner) -> bool:
-    """Puts a complete lease at `path` unless one is there (then False)."""
-    text = json.dumps(asdict(owner), indent=2) + "\n"
-    temp, handle = storage.create_temp(path)
-    with handle:
-        handle.write(text.encode())
+    """Puts a complete lease at `path` unless one is there (then False).
+
+    # Raises: StorageFault naming the lease's folder or what stands in the way.
+    """
+    root, name = _where(path)
+    text = (json.dumps(asdict(owner), indent=2) + "\n").encode()
+    temp = records.aside(LEASE_FILE)
     try:
-        os.link(temp, path)
-        return True
-    except FileExistsError:
-        return False
+        with records.folder(root, name, create=True) as fd:
+            _write_new(fd, temp, text)
+            try:
+                os.link(temp, LEASE_FILE, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as err:
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+                return _write_new(fd, LEASE_FILE, text)  # no hard links on this file system: an O_EXCL create
+            finally:
+                os.unlink(temp, dir_fd=fd)
     except OSError as err:
-        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        return _create_exclusive(path, text)  # no hard links on this file system
-    finally:
-        temp.unlink(missing_ok=True)
+        raise StorageFault(records.fault(err, path, "take the lease")) from err
 
 
-def _create_exclusive(path: Path, text: str) -> bool:
+def _write_new(fd: int, name: str, text: bytes) -> bool:
+    """Writes `text` to a new file `name` in the folder `fd`; False when `name` exists."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as handle:
+    with os.fdopen(out, "wb") as handle:
         handle.write(text)
     return True
 
@@ -275,15 +297,17 @@ def _create_exclusive(path: Path, text: str) -> bool:
 def _take_over(path: Path, judged: Look) -> None:
     """Moves the dead lease aside; if what moved is not the lease judged dead (touched since, or another driver
     replaced it in the meantime: a rename keeps inode and mtime), puts it back."""
-    aside = path.with_name(f".{path.name}.stale.{os.getpid()}.{secrets.token_hex(4)}")
-    try:
-        os.rename(path, aside)
-    except FileNotFoundError:
-        return
-    try:
-        moved = look(aside)
-        if moved is None or moved.beat != judged.beat:
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, path)
-    finally:
-        aside.unlink(missing_ok=True)
+    root, name = _where(path)
+    aside = records.aside(LEASE_FILE)
+    with records.folder(root, name) as fd:
+        try:
+            os.rename(LEASE_FILE, aside, src_dir_fd=fd, dst_dir_fd=fd)
+        except FileNotFoundError:
+            return
+        try:
+            moved = os.stat(aside, dir_fd=fd, follow_symlinks=False)
+            if (moved.st_ino, moved.st_mtime_ns) != judged.beat:
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, LEASE_FILE, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.unlink(aside, dir_fd=fd)

@@ -102,7 +102,7 @@ def publish(final: Path, write: Callable[[IO[bytes]], None], root: str | Path | 
             with contextlib.suppress(OSError):
                 temp.unlink(missing_ok=True)
         if isinstance(err, OSError) and err.errno:
-            raise StorageFault(f"{_errno(err)} writing {final}") from err
+            raise StorageFault(f"{describe(err)} writing {final}") from err
         raise
     return published
 
@@ -140,7 +140,7 @@ class Publication:
         return published
 
     def json(self, final: Path, data: Any) -> tuple[str, int]:
-        return self.file(final, _json_writer(data))
+        return self.file(final, json_writer(data))
 
     def __exit__(self, kind, error, trace) -> None:
         if error is None:
@@ -152,17 +152,17 @@ class Publication:
                     final.unlink()
 
 
-def _errno(err: OSError) -> str:
+def describe(err: OSError) -> str:
     """`ENOSPC (No space left on device)`: the code names the fault, the text explains it."""
     return f"{errno.errorcode.get(err.errno, err.errno)} ({os.strerror(err.errno)})"
 
 
 def write_json(final: Path, data: Any, root: str | Path | None = None) -> tuple[str, int]:
     """Publishes a JSON file atomically (farm state, run summaries)."""
-    return publish(final, _json_writer(data), root)
+    return publish(final, json_writer(data), root)
 
 
-def _json_writer(data: Any) -> Callable[[IO[bytes]], None]:
+def json_writer(data: Any) -> Callable[[IO[bytes]], None]:
     """Writes `data` as strict JSON: a NaN or infinity raises ValueError instead of writing `NaN`/`Infinity`, which
     other JSON readers refuse. Dataclasses are written as their fields, each when it is reached: a summary of
     10,000 jobs is never copied whole, nor held as one string."""
@@ -238,15 +238,15 @@ def unwritable(root: Path, final: Path, limit: int) -> str | None:
 
 
 def prepare_root(root: str | Path) -> None:
-    """Makes the output root and its records folder at submit start (publishing never creates the root).
+    """Makes the output root at submit start (publishing never creates it; `farm.records` makes its records folder).
 
     # Raises: StorageFault naming what is wrong.
     """
     check_root(root)
     try:
-        (Path(root) / RECORDS_DIR).mkdir(parents=True, exist_ok=True)
+        Path(root).mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise StorageFault(f"output root {root}: {_errno(err)} making {Path(root) / RECORDS_DIR}") from err
+        raise StorageFault(f"output root {root}: {describe(err)} making it") from err
 
 
 def check_root(root: str | Path) -> None:
@@ -412,85 +412,60 @@ def discard_temps(*jobs: Job) -> int:
     return removed
 
 
-# -- the farm's own records: <output.root>/.farm/<manifest name>/ -----------------------------------------
+RECORD_LIMIT = 512 << 20  # bytes of a JSON record or sidecar: a 400,000-job manifest's state is ~160 MB
 
 
-def records_dir(output_root: str | Path, name: str) -> Path:
-    return Path(output_root) / RECORDS_DIR / name
+def read_regular(fd: int) -> bytes:
+    """Everything the regular file open at `fd` holds, refused by its size above RECORD_LIMIT before a byte is read
+    (a 3 GB sparse file costs nothing to make and would cost 4 GB to read).
 
-
-def state_path(output_root: str | Path, name: str) -> Path:
-    """Per-job state of a manifest (done / failed / pending), outliving the cluster; `farm status` reads it."""
-    return records_dir(output_root, name) / "state.json"
-
-
-def events_path(output_root: str | Path, name: str) -> Path:
-    return records_dir(output_root, name) / "events.jsonl"
-
-
-def summary_path(output_root: str | Path, name: str, run_id: str) -> Path:
-    return records_dir(output_root, name) / "runs" / f"{run_id}.json"
+    # Raises: OSError (EINVAL: not a regular file; EFBIG: too large).
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    if info.st_size > RECORD_LIMIT:
+        raise OSError(errno.EFBIG, f"{info.st_size:,} bytes, more than the {RECORD_LIMIT:,} any record of the farm "
+                                   "holds")
+    chunks, left = [], RECORD_LIMIT + 1  # a file that grows while it is read is cut at the limit, and refused
+    while left and (chunk := os.read(fd, min(left, _CHUNK))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    if not left:
+        raise OSError(errno.EFBIG, f"more than the {RECORD_LIMIT:,} bytes any record of the farm holds")
+    return b"".join(chunks)
 
 
 def read_record(path: Path) -> tuple[dict | None, str | None]:
-    """The one reader of the farm's JSON records (state, claims, sidecars): (the mapping, None); (None, None)
-    when there is none; (None, what is wrong with it, where, and what to do) when it is damaged or was edited by
-    hand into something else. Never raises: a damaged record is reported, and the run goes on."""
+    """A JSON file the farm wrote outside its records folder (a sidecar, a checkpoint's fingerprint cache) as a
+    mapping: (the mapping, None); (None, None) when there is none; (None, what is wrong with it, where, and what to
+    do) when it is damaged or was edited by hand into something else. Never raises. The records under `.farm/` are
+    read the same way, from their folder's descriptor (`farm.records.read`)."""
     try:
         with open_regular(path) as handle:
-            data = json.loads(handle.read())
+            data = read_regular(handle.fileno())
     except FileNotFoundError:
         return None, None
-    except (OSError, ValueError) as err:
-        return None, _damaged(path, f"cannot be read as JSON ({err})")
-    if not isinstance(data, dict):
-        return None, _damaged(path, f"holds a JSON {type(data).__name__}, not a mapping")
-    return data, None
+    except OSError as err:
+        return None, damaged(path, f"cannot be read ({err.strerror or err})")
+    return parse_record(data, path)
 
 
-def _damaged(path: Path, what: str) -> str:
+def parse_record(data: bytes, path: Path) -> tuple[dict | None, str | None]:
+    """`data` read from `path` as a mapping of strict JSON (NaN and Infinity are no JSON), or what is wrong."""
+    try:
+        record = json.loads(data, parse_constant=_not_json)
+    except ValueError as err:  # also UnicodeDecodeError
+        return None, damaged(path, f"cannot be read as JSON ({err})")
+    if not isinstance(record, dict):
+        return None, damaged(path, f"holds a JSON {type(record).__name__}, not a mapping")
+    return record, None
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def damaged(path: Path, what: str) -> str:
     return (f"{path} {what}; the next farm submit of its manifest writes it again "
             f"(or remove it: the renders and their sidecars are not affected)")
-
-
-def read_states(output_root: str | Path) -> dict[str, dict]:
-    """Every manifest's state under a root, by manifest name (`read_state`)."""
-    states = {}
-    for path in sorted((Path(output_root) / RECORDS_DIR).glob("*/state.json")):
-        if (state := _read_state(path)) is not None:  # None: removed since the listing
-            states[path.parent.name] = state
-    return states
-
-
-def read_state(output_root: str | Path, name: str) -> dict | None:
-    """The state of manifest `name` under a root, its `jobs` keeping only entries of the expected shape; a state
-    that cannot be used is `{"unreadable": why and what to do}`; None when there is none."""
-    return _read_state(state_path(output_root, name))
-
-
-def _read_state(path: Path) -> dict | None:
-    state, problem = read_record(path)
-    if state is None and problem is None:
-        return None
-    jobs = state.get("jobs") if state is not None else None
-    if state is not None and not isinstance(jobs, dict):
-        problem = _damaged(path, "has no mapping of jobs")
-    if problem:
-        return {"unreadable": problem}
-    state["jobs"] = {key: entry for key, entry in jobs.items() if _state_entry_ok(entry)}
-    if len(state["jobs"]) < len(jobs):
-        state["damaged"] = _damaged(path, f"has {len(jobs) - len(state['jobs'])} job entries that are not "
-                                          "mappings with media and config_hash (left out)")
-    return state
-
-
-def _state_entry_ok(entry: Any) -> bool:
-    return (isinstance(entry, dict) and isinstance(entry.get("media"), str)
-            and isinstance(entry.get("config_hash"), str))
-
-
-def state_files(entry: dict) -> list[str]:
-    """The files a state entry's job publishes (an entry written before `files` was recorded: its media)."""
-    files = entry.get("files")
-    ok = isinstance(files, list) and files and all(isinstance(f, str) for f in files)
-    return files if ok else [entry["media"]]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from farm import claims, cli, manifest, storage
+from farm import claims, cli, manifest, records, storage
 from tests.farm.helpers import publish, write_manifest
 
 TEMPLATE = {"path": "{task}/{id}"}  # no {name}: two manifests' jobs of one id resolve to one file
@@ -184,7 +184,7 @@ def test_claims_and_state_both_unreadable_refuse_every_manifest_of_the_root_nami
     first = _submitted(tmp_path, [{"id": "shot", "prompt": "a harbour"}], "first", TEMPLATE, capsys)
     second = write_manifest(tmp_path, [{"id": "other", "prompt": "a desert"}], name="second", output=TEMPLATE)
     claims_file = claims.claims_path(tmp_path / "out", "first")
-    state_file = storage.state_path(tmp_path / "out", "first")
+    state_file = records.path(tmp_path / "out", "first", records.STATE_FILE)
     claims_file.write_text("[1, 2")
     if state == "deleted":
         state_file.unlink()
@@ -248,7 +248,7 @@ def test_a_claims_lock_that_is_not_a_file_stops_submit_with_a_message_and_is_nev
         publish(job, run="earlier")
     target = tmp_path / "precious"
     target.write_text("keep me")
-    lock = tmp_path / "out" / ".farm" / claims.LOCK_FILE
+    lock = tmp_path / "out" / ".farm" / records.LOCK_FILE
     lock.parent.mkdir()
     lock.symlink_to(target) if planted == "link" else lock.mkdir()
     assert cli.main(["submit", str(path), "--no-progress"]) == 1

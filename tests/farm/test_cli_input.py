@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from farm import cli, lease, storage
+from farm import cli, lease, records
 from tests.farm.helpers import write_manifest
 
 REPO = Path(__file__).parents[2]
@@ -53,8 +53,9 @@ def test_plan_into_a_closed_pipe_exits_quietly(tmp_path):
 
 def test_retry_while_a_submit_renders_the_manifest_names_that_driver(tmp_path, capsys):
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
-    records = storage.records_dir(tmp_path / "out", "test")
-    held = lease.acquire(records / lease.LEASE_FILE, lease.Owner.this_process("run-1", str(path)))
+    (tmp_path / "out").mkdir()
+    where = records.path(tmp_path / "out", "test", lease.LEASE_FILE)
+    held = lease.acquire(where, lease.Owner.this_process("run-1", str(path)))
     try:
         assert cli.main(["retry", str(path)]) == 1
     finally:

@@ -38,6 +38,7 @@ held.release()
 
 @pytest.fixture
 def path(tmp_path) -> Path:
+    (tmp_path / "out").mkdir()  # the output root, which `farm submit` makes before it takes the lease
     return tmp_path / "out" / ".farm" / "city" / lease.LEASE_FILE
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from farm import cli, driver, lease, manifest, storage
+from farm import cli, driver, lease, manifest, records, storage
 from farm.errors import StorageFault
 from farm.events import RunLog
 from farm.job import JobState
@@ -50,15 +50,15 @@ def test_a_damaged_state_never_crashes_status_or_submit_and_submit_leaves_no_lea
 
 
 def test_a_state_removed_after_the_listing_is_left_out_not_a_crash(tmp_path, monkeypatch):
-    records = tmp_path / ".farm"
+    folder = tmp_path / ".farm"
     for name in ("kept", "removed"):
-        (records / name).mkdir(parents=True)
-        (records / name / "state.json").write_text('{"jobs": {}}')
-    listed = sorted(records.glob("*/state.json"))
-    (records / "removed" / "state.json").unlink()  # by a `farm submit` rewriting it, or by hand
-    monkeypatch.setattr(storage.Path, "glob", lambda self, pattern: iter(listed))
-    assert storage.read_states(tmp_path) == {"kept": {"jobs": {}}}
-    assert storage.read_state(tmp_path, "removed") is None
+        (folder / name).mkdir(parents=True)
+        (folder / name / "state.json").write_text('{"jobs": {}, "run": "r", "result": "complete"}')
+    listed = records.entries(tmp_path)
+    (folder / "removed" / "state.json").unlink()  # by a `farm submit` rewriting it, or by hand
+    monkeypatch.setattr(records, "entries", lambda root, *names: listed)
+    assert records.read_states(tmp_path) == {"kept": {"jobs": {}, "run": "r", "result": "complete"}}
+    assert records.read_state(tmp_path, "removed") is None
 
 
 def test_a_submit_that_crashes_after_taking_the_lease_gives_it_back(tmp_path, monkeypatch):
@@ -90,8 +90,8 @@ def _failing_writes(monkeypatch, fails) -> None:
 
 
 def test_an_event_is_appended_whole_or_not_at_all(tmp_path, monkeypatch):
-    path = tmp_path / "events.jsonl"
-    log = RunLog(path, "run-1", 3, progress=False)
+    path = tmp_path / ".farm" / "test" / "events.jsonl"
+    log = RunLog(tmp_path, "test", "run-1", 3, progress=False)
     log.emit("run_started")
     _failing_writes(monkeypatch, lambda data: b"job_failed" in data)
     log.emit("job_failed", key="a", error="x" * 1000)
@@ -105,8 +105,8 @@ def test_an_event_is_appended_whole_or_not_at_all(tmp_path, monkeypatch):
 
 
 def test_an_event_with_a_non_finite_figure_is_written_as_strict_json(tmp_path):
-    path = tmp_path / "events.jsonl"
-    log = RunLog(path, "run-1", 1, progress=False)
+    path = tmp_path / ".farm" / "test" / "events.jsonl"
+    log = RunLog(tmp_path, "test", "run-1", 1, progress=False)
     log.emit("job_done", key="a", seconds=float("nan"), figures={"eta": float("inf"), "steps": (1.5, float("-inf"))})
     log.close()
 
@@ -122,14 +122,14 @@ def test_a_summary_that_cannot_be_written_still_leaves_the_state_and_says_so(tmp
     m = manifest.load(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]))
     storage.prepare_root(m.output_root)
     report = driver.RunReport("run-1", m, {}, [])
-    real = storage.write_json
+    real = records.write
 
-    def full(final: Path, data, root=None):
-        if "runs" in final.parts:
-            raise StorageFault(f"ENOSPC (No space left on device) writing {final}")
-        return real(final, data, root)
+    def full(root, *names, data):
+        if "runs" in names:
+            raise StorageFault(f"ENOSPC (No space left on device) writing {records.path(root, *names)}")
+        return real(root, *names, data=data)
 
-    monkeypatch.setattr(storage, "write_json", full)
+    monkeypatch.setattr(records, "write", full)
     driver._record(report)
     assert "not recorded: the run summary (ENOSPC" in report.error
     assert state(tmp_path / "out")["run"] == "run-1" and report.summary_path is None
@@ -141,7 +141,7 @@ def test_a_summary_that_cannot_be_written_still_leaves_the_state_and_says_so(tmp
 def test_a_publish_finished_when_the_run_stops_is_logged_done(tmp_path, monkeypatch):
     m = manifest.load(write_manifest(tmp_path, [{"id": "late", "prompt": "x"}, {"id": "cut", "prompt": "y"}]))
     late, cut = m.jobs
-    log = RunLog(tmp_path / "events.jsonl", "run-1", 2, progress=False)
+    log = RunLog(tmp_path, "test", "run-1", 2, progress=False)
     scheduler = Scheduler([late, cut], launch=None, workers=1, settings=Settings(None), log=log,
                           metrics=RunMetrics("test"))
     monkeypatch.setattr(scheduler, "_kill", lambda slots, running=(): None)  # no actors in this test
@@ -155,7 +155,7 @@ def test_a_publish_finished_when_the_run_stops_is_logged_done(tmp_path, monkeypa
 
     scheduler._stop_workers()
     log.close()
-    done = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    done = [json.loads(line) for line in (tmp_path / ".farm/test/events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["key"]) for e in done] == [("job_done", "late")]
     assert scheduler.outcomes["late"].state is JobState.DONE and scheduler.outcomes["cut"].state is JobState.PENDING
     assert not leftover.exists()

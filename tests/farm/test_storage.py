@@ -88,7 +88,7 @@ def test_a_missing_root_is_made_at_submit_start_in_the_nearest_folder_that_exist
     storage.check_root(root)  # nothing made by the check
     assert not (tmp_path / "renders").exists()
     storage.prepare_root(root)
-    assert (root / ".farm").is_dir()
+    assert root.is_dir()
 
 
 def test_a_root_that_is_a_file_is_refused(tmp_path):
