@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from cosmos3.cache_options import DEFAULT_CACHE, hashed_cache
 from cosmos3.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
@@ -89,11 +90,19 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of(base, model={"cache": "seacache"}) == original
     assert hash_of(base, model={"cache": "off"}) != original
     assert hash_of(base, model={"cache": {"method": "seacache", "threshold": 0.4}}) != original
-    # A still computes every step: no cache setting changes its PNG, so none re-renders it.
+    # Stills run the cache too: each setting is another PNG.
     still = {**base, "task": "t2i"}
     settings = ("seacache", "off", {"method": "seacache", "threshold": 0.4})
-    assert {hash_of(still, model={"cache": cache}) for cache in settings} == {hash_of(still)}
+    assert len({hash_of(still, model={"cache": cache}) for cache in settings}) == 3
     assert hash_of(still, model={"precision": "bf16"}) != hash_of(still)
+
+
+def test_a_stills_cache_is_hashed_apart_from_the_default_uncached_stills_hashed():
+    """Stills once ran every step and hashed DEFAULT_CACHE whatever their manifest said; now that they run the cache,
+    no setting of theirs hashes as that did, so a still rendered uncached is not done."""
+    settings = (DEFAULT_CACHE, "off", {"method": "seacache", "threshold": 0.4})
+    assert all(hashed_cache(cache, 1) != DEFAULT_CACHE for cache in settings)
+    assert [hashed_cache(cache, 5) for cache in settings] == list(settings)  # clips hash what they say, as before
 
 
 def test_sound_follows_the_checkpoint_and_a_wav_sits_beside_its_mp4(tmp_path):
