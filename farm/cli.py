@@ -7,6 +7,7 @@ it into the exit code. A `FarmError` (bad manifest, no cluster, no records) prin
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import importlib
 import json
@@ -73,7 +74,10 @@ def _load(path: str) -> manifests.Manifest:
     try:
         m = manifests.load(path)
     except OSError as err:
-        raise StateError(f"cannot read manifest {path}: {err.strerror or err}") from err
+        why = err.strerror or str(err)
+        if err.errno == errno.ENAMETOOLONG:
+            why = storage.too_long(os.path.abspath(path)) or f"{why}: a name in it is longer than its file system takes"
+        raise StateError(f"cannot read manifest {path}: {why}") from err
     claims.check(m)
     return m
 
@@ -191,7 +195,10 @@ def do_status(args: argparse.Namespace) -> Result:
                 if Path(args.output_root).is_file() else "")
         raise StateError(f"no farm records under {args.output_root} (expected {expected}){hint}")
     rows = [_status_row(args.output_root, name, state) for name, state in states.items()]
-    return Result(True, _table(rows), {"manifests": rows})
+    # A damaged state's note is a line of its own under the table, not a column every row would be as wide as.
+    notes = [f"{row['manifest']}: {row['damaged']}" for row in rows if "damaged" in row]
+    table = _table([{k: v for k, v in row.items() if k != "damaged"} for row in rows])
+    return Result(True, "\n".join([table, *notes]), {"manifests": rows})
 
 
 def _status_row(root: str, name: str, state: dict) -> dict[str, Any]:

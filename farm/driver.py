@@ -167,7 +167,7 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
     log = RunLog(storage.events_path(manifest.output_root, manifest.name), report.run_id, len(todo),
                  progress=options.progress)
     try:
-        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, len(todo))
+        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo))
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
                   "root": manifest.output_root}
         settings = Settings(options.init_failure_budget, options.start_timeout,
