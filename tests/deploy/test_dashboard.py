@@ -9,6 +9,10 @@ whose NVML readings are scripted (this machine has none), so the GPU panels have
 query, with the dashboard's variables at "All" as Grafana sends them, is evaluated over the run as Grafana would
 (a range query) until it returns the label sets the run's own records say it produced (the manifest; the worker
 slots its events name), or a deadline passes. Prometheus and the Ray cluster are stopped also on failure.
+
+The cluster is a local one the test starts (`ray.init(address="local")`, as tests/farm's do) and the driver joins,
+rather than the one `farm submit` starts and ends with its run: the run's counters stay on the metrics port after
+the run, so no scrape has to land before the cluster goes.
 """
 
 from __future__ import annotations
