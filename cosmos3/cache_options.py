@@ -36,6 +36,7 @@ class SeaCacheSettings:
 DEFAULT_CACHE: Any = "seacache"
 
 _WHOLE = ("max_consecutive", "retention_steps", "end_steps")
+_REAL = ("threshold", "power_exp")  # read as floats: `power_exp: 3` is the published 3.0
 # Bounds that keep a typo from reading as a setting: no schedule has more steps than a scheduler's 1,000 training
 # timesteps, and a budget above 10 (40 times the published one) is no setting anyone has measured.
 MAX_WHOLE = 1000
@@ -78,7 +79,9 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
     params = {name: v for name, v in value.items() if name in known}
     found += [(f"cache.{name}", problem) for name, v in params.items()
               if (problem := _parameter_problem(name, v)) is not None]
-    return (None if found else SeaCacheSettings(**params)), found
+    if found:
+        return None, found
+    return SeaCacheSettings(**{name: float(v) if name in _REAL else v for name, v in params.items()}), found
 
 
 # Where the step cache runs: stills and clips alike (a distilled schedule's four re-noised steps never run it: the
@@ -89,19 +92,31 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
 # cost; 1.44 -> 1.02 s with 20 of 50 cached) and a clip's by ~35%: both pay.
 #
 # The config hash records a still's setting apart from a clip's: stills ran every step until the cache ran on them,
-# and hashed DEFAULT_CACHE whatever their manifest said; their entry now never equals one of those, so a still
+# and hashed the default's identity whatever their manifest said; their entry now never equals that, so a still
 # rendered uncached is not done and renders again (README, "Upgrade notes").
 STILLS_KEY = "stills"
 
 
 def hashed_cache(value: Any, frames: int) -> Any:
-    """What a job's config hash records of its ``cache`` option for a render of ``frames`` frames."""
-    return value if frames > 1 else {STILLS_KEY: value}
+    """What a job's config hash records of its ``cache`` option for a render of ``frames`` frames: its identity
+    (``cache_identity``), a still's under STILLS_KEY. Raises ``ConfigError`` as ``parse_cache``."""
+    identity = cache_identity(value)
+    return identity if frames > 1 else {STILLS_KEY: identity}
 
 
 def cache_problems(value: Any) -> list[Problem]:
     """Every problem of the ``cache`` option ``value``, as (field, message) pairs."""
     return _read(value)[1]
+
+
+def cache_identity(value: Any) -> Any:
+    """The one spelling of a valid ``cache`` option, for hashing: ``off``; ``seacache`` for the published settings
+    however they are written (``seacache``, ``{method: seacache}``, every published value written out); else
+    every setting written out (``SeaCacheSettings.describe``). Raises ``ConfigError`` as ``parse_cache``."""
+    settings = parse_cache(value)
+    if settings is None:
+        return "off"
+    return "seacache" if settings == SeaCacheSettings() else settings.describe()
 
 
 def parse_cache(value: Any) -> SeaCacheSettings | None:

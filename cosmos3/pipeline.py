@@ -38,9 +38,11 @@ from cosmos3.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cos
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.load_options import Precision
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
+from cosmos3.model_card import tasks_of
 from cosmos3.prompt import PromptSpec, PromptTokenizer
 from cosmos3.request import (
     NO_SOUND,
+    TASKS,
     V2V_CONDITION_LATENT_FRAMES,
     RenderPlan,
     RenderRequest,
@@ -128,6 +130,7 @@ class Cosmos3Pipeline:
         sound: SoundSupport | None = None,
         sound_tokenizer: BackgroundBuild[SoundTokenizer] | None = None,
         cache: SeaCacheSettings | None = None,
+        tasks: tuple[str, ...] = TASKS,
     ):
         self.model = model
         self.cache = cache  # the step cache stills and clips run (None: every step computes)
@@ -140,7 +143,7 @@ class Cosmos3Pipeline:
         self.sound = sound or NO_SOUND
         # The request rules, with the VAE's factors from its config.json, read as the farm reads it (VAEConfig).
         self.rules = RequestRules(recipe, vae.config.spatial_factor, vae.config.temporal_factor,
-                                  model.config.latent_patch_size, tokenizer.budget, self.sound)
+                                  model.config.latent_patch_size, tokenizer.budget, self.sound, tasks)
         self._sound_tokenizer = sound_tokenizer
         self._load_timings: dict = {}  # from_pretrained's seconds per stage of the load
 
@@ -256,6 +259,7 @@ class Cosmos3Pipeline:
             sound=sound,
             sound_tokenizer=sound_tokenizer,
             cache=cache_settings,
+            tasks=tasks_of(root, TASKS),
         )
         if vae_load == "eager":
             for build in pipe._decoders():

@@ -53,6 +53,21 @@ UNIPC_SCHEDULER = {
     "timestep_spacing": "linspace",
 }
 
+# The distilled 4-step recipe: stochastic FlowMatch-Euler on a fixed sigma list (t_list as the cosmos-framework
+# DMD2 default; docs/models.md, "The distilled builds").
+DISTILLED_SCHEDULER = {
+    "_class_name": "FlowMatchEulerDiscreteScheduler",
+    "_diffusers_version": "0.37.1",
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "stochastic_sampling": True,
+    "fixed_step_sampler_config": {
+        "t_list": [0.999, 0.75, 0.5, 0.25],
+        "sample_type": "sde",
+        "num_train_timesteps": 1000,
+    },
+}
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
 # Every word of the system prompts and metadata sentences (cosmos3.prompt), the chat roles and the
 # digits: what any prompt is wrapped in. A checkpoint's vocabulary adds its caption words.

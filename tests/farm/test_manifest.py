@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from cosmos3.cache_options import DEFAULT_CACHE, hashed_cache
+from cosmos3.cache_options import DEFAULT_CACHE, cache_identity, hashed_cache
 from cosmos3.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
@@ -101,8 +101,32 @@ def test_a_stills_cache_is_hashed_apart_from_the_default_uncached_stills_hashed(
     """Stills once ran every step and hashed DEFAULT_CACHE whatever their manifest said; now that they run the cache,
     no setting of theirs hashes as that did, so a still rendered uncached is not done."""
     settings = (DEFAULT_CACHE, "off", {"method": "seacache", "threshold": 0.4})
-    assert all(hashed_cache(cache, 1) != DEFAULT_CACHE for cache in settings)
-    assert [hashed_cache(cache, 5) for cache in settings] == list(settings)  # clips hash what they say, as before
+    assert all(hashed_cache(cache, 1) != cache_identity(DEFAULT_CACHE) for cache in settings)
+    # clips hash their identity, as before
+    assert [hashed_cache(cache, 5) for cache in settings] == [cache_identity(cache) for cache in settings]
+
+
+# The settings Cosmos3's recipes publish, written out as a user copies them from diffusers' SeaCacheConfig.
+PUBLISHED_CACHE = {"method": "seacache", "threshold": 0.25, "max_consecutive": 2, "retention_steps": 1,
+                   "end_steps": 1, "residual_order": 1, "power_exp": 3.0}
+
+
+@pytest.mark.parametrize("same, other", [
+    pytest.param(["seacache", {"method": "seacache"}, PUBLISHED_CACHE, {**PUBLISHED_CACHE, "power_exp": 3}],
+                 {"method": "seacache", "threshold": 0.4}, id="the published settings"),
+    pytest.param([{"method": "seacache", "threshold": 0.4}, {"method": "seacache", "threshold": 0.4, "end_steps": 1},
+                  {**PUBLISHED_CACHE, "threshold": 0.4}], "seacache", id="a threshold of its own"),
+    pytest.param(["off", False], "seacache", id="off"),
+])
+def test_one_cache_setting_hashes_the_same_however_it_is_written(tmp_path, same, other):
+    def hash_of(cache) -> str:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        path = write_manifest(folder, [{"id": "a", "prompt": "x"}], model={"cache": cache})
+        return manifest.load(path).jobs[0].config_hash
+
+    hashes = {hash_of(cache) for cache in same}
+    assert len(hashes) == 1 and hash_of(other) not in hashes
 
 
 def test_sound_follows_the_checkpoint_and_a_wav_sits_beside_its_mp4(tmp_path):
