@@ -51,7 +51,7 @@ def fixed_schedule(num_steps: int, edges: set[int], cached: int) -> set[int]:
 def use_schedule(pipe, cached: int | None, policy) -> None:
     """Make ``pipe`` run ``cached`` of every job's steps cached on a fixed schedule (None: uncached), never one of
     ``policy``'s W8A16 edge steps (a ``StepPolicy``: the checkpoint's)."""
-    from cosmos3.cache_options import SeaCacheSettings
+    from cosmos3.rules.cache_options import SeaCacheSettings
     from cosmos3.step_cache import StepCache
 
     class FixedSchedule(StepCache):
@@ -97,7 +97,7 @@ def arm(pipe, spec: Arm, published) -> dict:
     it runs its edge steps W8A8)."""
     import torch
 
-    from cosmos3.step_precision import StepPolicy
+    from cosmos3.rules.step_precision import StepPolicy
 
     name, job, cached = spec.name, spec.job, spec.cached
     no_windows = StepPolicy(0, 0, published.reasoner, source="override")

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import job_request, machine  # noqa: E402
-from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
 
 SETTINGS = ("torch default", "none (the worker's)")
 
@@ -39,7 +39,7 @@ def measure(root: Path, attention: str, stills: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from cosmos3.pipeline import Cosmos3Pipeline
-    from cosmos3.request import resolve
+    from cosmos3.rules.request import resolve
 
     pipe = Cosmos3Pipeline.from_pretrained(root / "fp8", device="cuda", attention=attention)
     request = job_request("t2i")

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request, machine  # noqa: E402
-from cosmos3.load_options import FP8_ACCUMULATIONS  # noqa: E402  (torch-free)
+from cosmos3.rules.load_options import FP8_ACCUMULATIONS  # noqa: E402  (torch-free)
 
 SHAPES = {"q/k/v packed": (6144, 4096), "o": (4096, 4096), "gate or up": (12288, 4096), "down": (4096, 12288)}
 TOKENS = (1024, 44160)  # the workload's still, its T2V clip

@@ -28,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cosmos3 import ops  # noqa: E402
-from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
-from cosmos3.checkpoint_header import transformer_dir  # noqa: E402
+from cosmos3.checkpoint.weights import CheckpointFiles  # noqa: E402
+from cosmos3.rules.checkpoint_header import transformer_dir  # noqa: E402
 
 GROUPS = {
     "UND qkv": ("self_attn.to_q", "self_attn.to_k", "self_attn.to_v"),

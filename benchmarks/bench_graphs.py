@@ -127,7 +127,7 @@ def und(args) -> None:
     import torch
 
     from cosmos3.pipeline import Cosmos3Pipeline
-    from cosmos3.request import resolve
+    from cosmos3.rules.request import resolve
 
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
     model = pipe.model

@@ -1,4 +1,4 @@
-"""Checkpoint read speed to the GPU: safetensors' own reader vs ours (cosmos3/tensor_reader.py), side by side.
+"""Checkpoint read speed to the GPU: safetensors' own reader vs ours (cosmos3/checkpoint/tensor_reader.py).
 
 On one ``transformer/`` directory (e.g. the Nano checkpoint ``bench_render.py write`` makes), every tensor is
 read to the GPU three ways, each from a cold page cache (``--drop-caches``, needs root) and again warm:
@@ -25,8 +25,8 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import drop_page_cache  # noqa: E402
-from cosmos3 import tensor_reader  # noqa: E402
-from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
+from cosmos3.checkpoint import tensor_reader  # noqa: E402
+from cosmos3.checkpoint.weights import CheckpointFiles  # noqa: E402
 
 
 def by_file(files: CheckpointFiles) -> list[str]:

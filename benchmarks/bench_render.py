@@ -38,8 +38,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order  # noqa: E402
-from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
-from cosmos3.cache_options import METHODS  # noqa: E402  (torch-free)
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+from cosmos3.rules.cache_options import METHODS  # noqa: E402  (torch-free)
 
 # -- write -----------------------------------------------------------------------------------------
 

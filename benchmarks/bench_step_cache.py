@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cosmos3.cache_options import parse_cache
 from cosmos3.pipeline import Cosmos3Pipeline
-from cosmos3.request import RenderRequest
+from cosmos3.rules.cache_options import parse_cache
+from cosmos3.rules.request import RenderRequest
 from cosmos3.step_cache import StepCache
 from farm import manifest
 from toy import measure, scenes

@@ -44,14 +44,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import timed  # noqa: E402
-from cosmos3.checkpoint import SKIPPED, TensorDict  # noqa: E402
-from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY, export, quantize  # noqa: E402
+from cosmos3.checkpoint.loader import build_transformer, load_transformer  # noqa: E402
+from cosmos3.checkpoint.weights import SKIPPED, TensorDict  # noqa: E402
 from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
 from cosmos3.diffusers_model import reference_forward  # noqa: E402
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export, quantize  # noqa: E402
 from cosmos3.layers.linear import Linear, quantize_shared_input  # noqa: E402
-from cosmos3.loader import build_transformer, load_transformer  # noqa: E402
 from cosmos3.quant import STATIC_FP8  # noqa: E402
+from cosmos3.rules.config import Cosmos3Config, SoundConfig  # noqa: E402
 from tests.cosmos3.random_weights import random_checkpoint  # noqa: E402
 
 # GEN tokens -> latent [C, T, H, W]: 1,024 = T2I 1024x1024; 44,160 = 720p, 189 frames (45 rows pad to 46).

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.config import QuantConfig
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant.fp8_static import FP8, FP8_MAX
+from cosmos3.rules.config import QuantConfig
 from toy.layout import (
     PROMPT_WORDS,
     PUBLISHED_ONLY_KEYS,

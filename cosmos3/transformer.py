@@ -17,7 +17,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import GEN, UND, MoTAttention
 from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.embeddings import DomainAwareLinear, TimestepEmbedding, patchify, unpatchify
@@ -26,6 +25,7 @@ from cosmos3.layers.mlp import GatedMLP
 from cosmos3.layers.norm import RMSNorm
 from cosmos3.layers.rope import MRoPE, grid_positions, text_positions
 from cosmos3.quant import UNQUANTIZED, get_quant_method
+from cosmos3.rules.config import Cosmos3Config
 
 VAE_TEMPORAL_COMPRESSION = 4  # Wan 2.2 VAE: 4 pixel frames per latent frame (fps modulation uses it)
 

@@ -52,11 +52,12 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cosmos3.errors import ConfigError, PipelineError, SoundTokenizerLoadError
-from farm import lease, storage
+from farm import storage
 from farm.errors import JobFault, OutputPathError, StorageFault, WorkerStartError
 from farm.events import RunLog
 from farm.job import Job, JobState
 from farm.metrics import RunMetrics
+from farm.processes import pid_alive
 
 RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
 JOB_FAULT_AFTER = 2  # different workers a job failed on: then it is the job, not them
@@ -553,7 +554,7 @@ def _wait_exited(slots: list[Slot]) -> None:
 
 
 def _until_gone(pid: int, deadline: float) -> None:
-    while lease.pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

@@ -54,7 +54,7 @@ UNIPC_SCHEDULER = {
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
-# Every word of the system prompts and metadata sentences (cosmos3.prompt), the chat roles and the
+# Every word of the system prompts and metadata sentences (cosmos3.rules.prompt), the chat roles and the
 # digits: what any prompt is wrapped in. A checkpoint's vocabulary adds its caption words.
 PROMPT_WORDS = (
     "you are a helpful assistant who will generate videos images from give prompt "

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from cosmos3.checkpoint import _linear_sources
-from cosmos3.config import Cosmos3Config
+from cosmos3.checkpoint.weights import _linear_sources
 from cosmos3.layers.linear import Linear
+from cosmos3.rules.config import Cosmos3Config
 from cosmos3.transformer import Cosmos3Transformer
 
 

@@ -14,8 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cosmos3 import ops_cpu
-from cosmos3.attention_choice import ATTENTION_CHOICES, check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention_kernels import (
     AttentionKernels,
@@ -28,6 +26,8 @@ from cosmos3.layers.attention_kernels import (
     smooth_keys,
 )
 from cosmos3.layers.rope import MRoPE, grid_positions
+from cosmos3.ops import cpu as ops_cpu
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES, check_attention
 
 BF16_BOUND, FP8_BOUND = 0.01, 0.05
 
@@ -76,7 +76,7 @@ def test_attention_choice_module_needs_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, cosmos3.attention_choice as a; a.check_attention('fp8'); "
+    code = ("import sys, cosmos3.rules.attention_choice as a; a.check_attention('fp8'); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -343,7 +343,7 @@ def test_fp8_kernels_in_a_cuda_graph_rescale_every_replay(name):
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+    from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
     from tests.cosmos3.fp8_checkpoints import make_bf16, make_fp8
 
     root = tmp_path_factory.mktemp("attention")
@@ -396,9 +396,9 @@ SMALL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_at
 
 
 def _small_model(attention="auto"):
-    from cosmos3.checkpoint import TensorDict
-    from cosmos3.config import Cosmos3Config
-    from cosmos3.loader import build_transformer
+    from cosmos3.checkpoint.loader import build_transformer
+    from cosmos3.checkpoint.weights import TensorDict
+    from cosmos3.rules.config import Cosmos3Config
     from tests.cosmos3.random_weights import random_checkpoint
 
     return build_transformer(Cosmos3Config.from_dict(SMALL), TensorDict(random_checkpoint(SMALL, "cuda")),
@@ -406,9 +406,9 @@ def _small_model(attention="auto"):
 
 
 def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
-    from cosmos3.checkpoint import TensorDict
-    from cosmos3.config import Cosmos3Config
-    from cosmos3.loader import build_transformer
+    from cosmos3.checkpoint.loader import build_transformer
+    from cosmos3.checkpoint.weights import TensorDict
+    from cosmos3.rules.config import Cosmos3Config
     from tests.cosmos3.random_weights import random_checkpoint
 
     model = build_transformer(Cosmos3Config.from_dict(SMALL), TensorDict(random_checkpoint(SMALL, "cpu")))

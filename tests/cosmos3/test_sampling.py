@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cosmos3.sampling import SamplingRecipe, make_scheduler, scheduler_step
+from cosmos3.rules.sampling import SamplingRecipe
+from cosmos3.scheduler import make_scheduler, scheduler_step
 
 UNIPC = SamplingRecipe("UniPCMultistepScheduler", {"prediction_type": "flow_prediction", "use_flow_sigmas": True})
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from cosmos3.cache_options import SeaCacheSettings, cache_problems, parse_cache
 from cosmos3.errors import ConfigError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+from cosmos3.rules.cache_options import SeaCacheSettings, cache_problems, parse_cache
+from cosmos3.rules.step_precision import StepPolicy
 from cosmos3.step_cache import StepCache, sea_filter
-from cosmos3.step_precision import StepPolicy
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, rng_pixels
 from tests.tiny_checkpoint import make_tiny_checkpoint
 

@@ -1,7 +1,7 @@
 """BF16 Cosmos3 checkpoint in, static-FP8 checkpoint out, quantized and written by NVIDIA ModelOpt.
 
     pip install '.[quantize]'
-    python -m cosmos3.fp8_export /ckpt/bf16 /ckpt/fp8 [--recipe cosmos|stock] [--prompts prompts.txt]
+    python -m cosmos3.checkpoint.fp8_export /ckpt/bf16 /ckpt/fp8 [--recipe cosmos|stock] [--prompts prompts.txt]
 
 1. diffusers' ``Cosmos3OmniTransformer`` from the BF16 checkpoint (bf16, time_embedder fp32).
 2. ``mtq.quantize`` with ModelOpt's ``FP8_DEFAULT_CFG`` (per-tensor FP8 weights and static
@@ -28,9 +28,9 @@ import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from cosmos3.checkpoint_header import inspect
-from cosmos3.config import Cosmos3Config
-from cosmos3.request import RenderRequest
+from cosmos3.rules.checkpoint_header import inspect
+from cosmos3.rules.config import Cosmos3Config
+from cosmos3.rules.request import RenderRequest
 
 # Quantizer-name globs each recipe disables on top of ModelOpt's FP8_DEFAULT_CFG.
 RECIPE_EXCLUSIONS = {"cosmos": ("*proj_in*", "*time_embedder*"), "stock": ()}

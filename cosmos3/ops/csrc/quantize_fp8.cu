@@ -1,5 +1,5 @@
 // quantize_fp8: static per-tensor quantization, out = saturate_fp8(x / scale) rounded to nearest even; the
-// CPU impl in cosmos3/ops_cpu.py is (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).
+// CPU impl in cosmos3/ops/cpu.py is (x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).
 #include "cosmos3_ops.h"
 #include "vec_fp8.cuh"
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.checkpoint_header import TensorHeader, normalize_key, read_tensors
+from cosmos3.checkpoint.tensor_reader import PlannedRead, Stored, read_tensor
 from cosmos3.errors import CheckpointError
 from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import MODELOPT_BUFFERS
-from cosmos3.tensor_reader import PlannedRead, Stored, read_tensor
+from cosmos3.rules.checkpoint_header import TensorHeader, normalize_key, read_tensors
 
 __all__ = ["SKIPPED", "CheckpointFiles", "TensorDict", "load_checkpoint", "normalize_key"]
 
@@ -40,7 +40,7 @@ _TAGS = {dtype: tag for tag, dtype in _DTYPES.items()}
 
 class CheckpointFiles:
     """The tensors of one ``transformer/`` directory, by flat key, read from their shard on ``get``
-    (cosmos3/tensor_reader.py); after ``plan(keys)``, read ahead in that order by threads."""
+    (cosmos3/checkpoint/tensor_reader.py); after ``plan(keys)``, read ahead in that order by threads."""
 
     def __init__(self, directory: str | Path, device: str | torch.device = "cpu",
                  headers: dict[str, TensorHeader] | None = None):

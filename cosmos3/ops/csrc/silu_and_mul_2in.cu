@@ -7,7 +7,7 @@
 // our own (a polynomial 2^x and Newton steps), not expf and a division: expf's last bit differs from the
 // CPU's exp for some inputs, and an IEEE division costs a MUFU.RCP, five FMAs and a per-element slow-path
 // branch, which left the FP8 path instruction-bound at 86-89% of copy bandwidth on the H200 (97-104% with
-// Newton steps). cosmos3/ops_cpu.py evaluates the same sequence with torch ops (each fmaf exactly, through fp64)
+// Newton steps). cosmos3/ops/cpu.py evaluates the same sequence with torch ops (each fmaf exactly, through fp64)
 // and gets the same bits for every input.
 #include <algorithm>
 #include <cmath>
@@ -23,7 +23,7 @@ namespace {
 constexpr float kLog2e = 0x1.715476p+0f;
 // 2^f ~= 1 + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * c5)))) on f in [-1/2, 1/2]: a least-squares fit of
 // the relative error, rounded to fp32; at most 2.1 ulp from 2^f when evaluated with fmaf as below.
-// cosmos3/ops_cpu.py holds the same constants (tests/cosmos3/test_ops.py checks that they agree).
+// cosmos3/ops/cpu.py holds the same constants (tests/cosmos3/test_ops.py checks that they agree).
 constexpr float kExp2C1 = 0x1.62e42ap-1f;
 constexpr float kExp2C2 = 0x1.ebf9bcp-3f;
 constexpr float kExp2C3 = 0x1.c6b754p-5f;

@@ -1,5 +1,5 @@
 """The ``cosmos3`` op schemas: the names and signatures both the Python impls (``cosmos3.ops``) and the CUDA
-library (csrc/torch_bindings.cpp, loaded by ``cosmos3.ops_loader``) register kernels under. A leaf module, so
+library (csrc/torch_bindings.cpp, loaded by ``cosmos3.ops.loader``) register kernels under. A leaf module, so
 the loader can define them before the library loads without importing the op wrappers that call the loader."""
 
 from __future__ import annotations

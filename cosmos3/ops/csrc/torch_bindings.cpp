@@ -1,12 +1,12 @@
 // CUDA impls of the cosmos3 ops: tensors checked here, then handed to the torch-free launchers.
 //
-// Note on registration: the schemas of torch.ops.cosmos3.* are defined in Python (cosmos3/ops.py, with
+// Note on registration: the schemas of torch.ops.cosmos3.* are defined in Python (cosmos3/ops/__init__.py, with
 // torch.library), together with their CPU and fake impls, so the ops exist on a machine without CUDA or
 // nvcc. This file only adds the CUDA kernels, through TORCH_LIBRARY_IMPL(cosmos3, CUDA, m), when
-// cosmos3/ops_loader.py loads it (prebuilt in the wheel, or JIT-built). A TORCH_LIBRARY(cosmos3, m) block
+// cosmos3/ops/loader.py loads it (prebuilt in the wheel, or JIT-built). A TORCH_LIBRARY(cosmos3, m) block
 // here would own the namespace instead, and the ops would only exist after a CUDA build. The argument checks
 // below apply the rules of _check_swiglu_args / _check_quantize_args / _check_dequantize_args /
-// _check_norm_args / _check_attention_inputs_args in cosmos3/ops.py, in the same order and words.
+// _check_norm_args / _check_attention_inputs_args in cosmos3/ops/__init__.py, in the same order and words.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,7 +26,7 @@ enum OpIndex { kSiluAndMul2in, kQuantizeFp8, kDequantizeFp8, kNumOps };
 constexpr int kMaxSm = 256;
 
 // Launch parameters by SM version (10 * major + minor); SM 0 holds the fallback for any unset version.
-// Written by set_launch_params while cosmos3/ops_loader.py loads this module (and by the launch sweep), read on
+// Written by set_launch_params while cosmos3/ops/loader.py loads this module (and by the launch sweep), read on
 // every call.
 std::array<std::array<LaunchConfig, kNumOps>, kMaxSm> launch_configs{};
 
@@ -163,7 +163,7 @@ void check_norm_weight(const char* op, const char* name, const at::Tensor& weigh
                     x.device().str(), ", got ", weight.device().str());
 }
 
-// x (and delta): [..., dim] contiguous, dim > 0; the rules of _check_norm_args in cosmos3/ops.py.
+// x (and delta): [..., dim] contiguous, dim > 0; the rules of _check_norm_args in cosmos3/ops/__init__.py.
 Dtype check_norm_args(const char* op, const at::Tensor& x, const at::Tensor* delta, const at::Tensor& weight,
                       const std::optional<at::Tensor>& scale) {
   const Dtype dtype = input_dtype(op, "x", x);
@@ -212,7 +212,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& x, const 
   return {sum, out};
 }
 
-// The rules of _check_attention_inputs_args in cosmos3/ops.py.
+// The rules of _check_attention_inputs_args in cosmos3/ops/__init__.py.
 Dtype check_attention_inputs_args(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& q_weight, const at::Tensor& k_weight, const at::Tensor& cos,
                                   const at::Tensor& sin, const at::Tensor& k_prefix, const at::Tensor& v_prefix) {

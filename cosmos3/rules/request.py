@@ -2,7 +2,7 @@
 
 ``RenderRequest`` is what callers fill in (``None`` = task default); ``resolve()`` turns it into a
 fully concrete ``RenderPlan`` or raises one ``PipelineError`` that lists every problem with its fix.
-``problems()`` returns the same problems as (field, message) pairs. Torch-free, like ``cosmos3.sampling``:
+``problems()`` returns the same problems as (field, message) pairs. Torch-free, like ``cosmos3.rules.sampling``:
 the farm checks every job of a manifest with these rules before any GPU stack loads, so a job that
 passes ``farm validate`` is one a worker renders.
 """
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.checkpoint_header import check_layout, check_sound_dir, check_vae_dir
-from cosmos3.config import TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.errors import PipelineError, Problem
-from cosmos3.prompt import PromptSpec, TextBudget
-from cosmos3.sampling import SamplingRecipe, load_recipe
+from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, check_vae_dir
+from cosmos3.rules.config import TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
+from cosmos3.rules.prompt import PromptSpec, TextBudget
+from cosmos3.rules.sampling import SamplingRecipe, load_recipe
 
 TASKS = ("t2v", "t2i", "i2v", "v2v")
 INPUT_OF_TASK = {"i2v": "image", "v2v": "video"}  # the conditioning input each task needs
@@ -104,7 +104,7 @@ def unused_fields(task: str) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class RequestRules:
     """The checkpoint's facts a request is checked against: its sampler, its VAE's compression factors and
-    whether it can generate sound (``cosmos3.checkpoint_header.check_sound_dir``)."""
+    whether it can generate sound (``cosmos3.rules.checkpoint_header.check_sound_dir``)."""
 
     recipe: SamplingRecipe
     spatial_factor: int  # width and height are multiples of it

@@ -1,7 +1,7 @@
 """How a checkpoint is asked to load (precision, step precision, parallel axes, attention, FP8 accumulation), checked
 without torch.
 
-``cosmos3.loader`` calls ``resolve()`` before it builds a model; the farm calls ``problems()`` on a
+``cosmos3.checkpoint.loader`` calls ``resolve()`` before it builds a model; the farm calls ``problems()`` on a
 manifest's ``model`` section, so both refuse the same options with the same words. Each problem names
 the option it is about (``precision``, ``step_precision``, ``parallel.<axis>``, ``attention``, ``fp8_accumulation``,
 ``cache[.<parameter>]``, ``lora``), or
@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from cosmos3.attention_choice import attention_problem
-from cosmos3.cache_options import DEFAULT_CACHE, cache_problems
-from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import ConfigError, Problem
-from cosmos3.step_precision import StepPolicy, resolve_policy
+from cosmos3.rules.attention_choice import attention_problem
+from cosmos3.rules.cache_options import DEFAULT_CACHE, cache_problems
+from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
+from cosmos3.rules.step_precision import StepPolicy, resolve_policy
 
 Precision = Literal["auto", "bf16", "fp8-dynamic", "fp8-static"]  # "auto" runs what the checkpoint holds
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -41,9 +41,9 @@ class LoadOptions:
     precision: Precision = "auto"
     step_precision: Any = "auto"  # "auto" (the checkpoint's policy), "off", or {first, last[, reasoner]}
     parallel: dict[str, int] | None = None  # the axes the caller intends; static FP8 refuses any above 1
-    attention: str = "auto"  # cosmos3.attention_choice: auto | bf16 | fp8 (the device is checked at load)
+    attention: str = "auto"  # cosmos3.rules.attention_choice: auto | bf16 | fp8 (the device is checked at load)
     fp8_accumulation: str = "fast"  # FP8_ACCUMULATIONS; FP8 GEMMs only (a BF16 run has none)
-    cache: Any = DEFAULT_CACHE  # the step cache: off | seacache | {method: seacache, ...} (cosmos3.cache_options)
+    cache: Any = DEFAULT_CACHE  # the step cache: off | seacache | {method: seacache, ...} (cosmos3.rules.cache_options)
 
 
 @dataclass(frozen=True)

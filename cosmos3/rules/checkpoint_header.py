@@ -6,7 +6,7 @@ load is refused at validation, with the same message naming the file and the fie
     facts = inspect("/ckpt/Cosmos3-Nano")     # root or its transformer/ dir
     facts.config, facts.tensors["proj_in.weight"].dtype, facts.fp8_modules
 
-* ``config.json``: strict types (``cosmos3.config``); a malformed ``quantization_config`` is refused.
+* ``config.json``: strict types (``cosmos3.rules.config``); a malformed ``quantization_config`` is refused.
 * Shards: the index's ``weight_map`` is followed (a tensor may live in any shard); every shard it
   names must exist, and every header must be whole: its length fits the file, it is JSON, and the
   tensors it lists end exactly at the end of the file (a truncated download does not).
@@ -24,7 +24,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosmos3.config import (
+from cosmos3.errors import CheckpointError
+from cosmos3.rules.config import (
     SOUND_TOKENIZER_DIR,
     TEXT_TOKENIZER_DIR,
     VAE_DIR,
@@ -35,7 +36,6 @@ from cosmos3.config import (
     read_sound_support,
     uses_static_fp8,
 )
-from cosmos3.errors import CheckpointError
 
 FP8_DTYPE = "F8_E4M3"
 SCALES = ("weight_scale", "input_scale")
@@ -310,7 +310,7 @@ def fp8_modules(config: Cosmos3Config, tensors: dict[str, TensorHeader], where: 
     if static and not quantized:
         problems.append("config.json declares ModelOpt static FP8 but no weight is FP8 (an unquantized checkpoint "
                         "with a quantized config): drop quantization_config, or export the model with "
-                        "python -m cosmos3.fp8_export")
+                        "python -m cosmos3.checkpoint.fp8_export")
     elif static:
         for module in sorted(sites - quantized):
             weight = tensors.get(f"{module}.weight")

@@ -1,5 +1,5 @@
 // dequantize_fp8: W8A16's weight dequantization, out = (weight.float() * scale).to(dtype), one rounding of the
-// fp32 product; the CPU impl in cosmos3/ops_cpu.py is that expression. One 16-byte load is 16 FP8 weights, and
+// fp32 product; the CPU impl in cosmos3/ops/cpu.py is that expression. One 16-byte load is 16 FP8 weights, and
 // their 16-bit values are 32 bytes stored.
 #include "cosmos3_ops.h"
 #include "vec_fp8.cuh"

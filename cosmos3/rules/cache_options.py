@@ -1,7 +1,7 @@
 """The step cache a render runs (``cache: off | seacache | {method: seacache, threshold, ...}``), checked without
 torch.
 
-One rule for the loader and ``farm validate``: ``cosmos3.load_options`` calls ``cache_problems`` on its ``cache``
+One rule for the loader and ``farm validate``: ``cosmos3.rules.load_options`` calls ``cache_problems`` on its ``cache``
 option, ``Cosmos3Pipeline`` calls ``parse_cache``. Each problem names ``cache`` or ``cache.<parameter>``.
 The parameters are diffusers' ``SeaCacheConfig`` (hooks/sea_cache.py), spelled as a manifest reads them.
 """

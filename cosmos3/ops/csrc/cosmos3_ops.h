@@ -2,7 +2,7 @@
 //
 // Torch-free on purpose: plain pointers, element counts and a stream in, a cudaError_t out, so every
 // .cu file compiles with nvcc alone (scripts/compile_csrc.sh). torch_bindings.cpp checks the tensors and
-// calls these; cosmos3/ops_cpu.py holds the CPU impls that reproduce the kernels' arithmetic bit for bit.
+// calls these; cosmos3/ops/cpu.py holds the CPU impls that reproduce the kernels' arithmetic bit for bit.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +13,7 @@ namespace cosmos3 {
 
 enum class Dtype { kBFloat16, kFloat16, kFloat32, kFloat8E4M3 };
 
-// One row of cosmos3/launch_table.py: threads per block, and how many 16-byte vectors of each input a
+// One row of cosmos3/ops/launch_table.py: threads per block, and how many 16-byte vectors of each input a
 // thread loads before it computes (more loads in flight per thread, fewer blocks).
 struct LaunchConfig {
   int threads;
@@ -30,7 +30,7 @@ struct SwigluScalars {
   bool has_limit;
 };
 
-// Rounds alpha, beta and *limit (nullptr: no limit) to fp32 exactly as cosmos3/ops_cpu.py does.
+// Rounds alpha, beta and *limit (nullptr: no limit) to fp32 exactly as cosmos3/ops/cpu.py does.
 SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit);
 
 // out = g' * sigmoid(alpha * g') * (u' + beta), with g' = min(g, limit), u' = clamp(u, -limit, limit) when

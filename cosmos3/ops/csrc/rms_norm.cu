@@ -6,7 +6,7 @@
 // concatenations alone are four launches a layer (on the H200: 8.0 + 8.0 + 2.1 + 2.1 us, mostly launch and
 // tail latency for ~24 MB); fused, they are one (benchmarks/results/h200-kernels.md).
 //
-// Arithmetic, reproduced bit for bit by cosmos3/ops_cpu.py (the reduction order included):
+// Arithmetic, reproduced bit for bit by cosmos3/ops/cpu.py (the reduction order included):
 //   x       = the row, or fp32(a) + fp32(d) rounded to the input dtype with a residual (written to sum_out)
 //   sumsq   = sum of x^2 by fmaf in a fixed order: chunk c (elements 8c .. 8c + 7, the last one maybe short) of
 //             a row belongs to lane c % lanes of the row's lanes (lanes = the power of two >= chunks, at most

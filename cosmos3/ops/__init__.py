@@ -28,11 +28,11 @@ of any rank (attention_inputs': 3); a norm's weight and tables have its input's 
 fp32 tensor with one element on the input's device (read by the kernel, never on the host, so CUDA graphs see
 in-place updates).
 
-Registration. The schemas are defined in ``cosmos3.op_schemas``; CPU impls and fake impls are registered here on
+Registration. The schemas are defined in ``cosmos3.ops.schemas``; CPU impls and fake impls are registered here on
 its ``torch.library.Library`` (``define``/``impl``: ~3.6 us a call, against ~11 us for ``torch.library.custom_op``;
-kernels.md section 4), so the ops exist on a machine without CUDA. The CPU impls are ``cosmos3.ops_cpu``: the
+kernels.md section 4), so the ops exist on a machine without CUDA. The CPU impls are ``cosmos3.ops.cpu``: the
 kernels' arithmetic, bit for bit. The CUDA kernels are registered by csrc/torch_bindings.cpp
-(``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)``) once ``cosmos3.ops_loader.load_cuda_ops`` has loaded the library
+(``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)``) once ``cosmos3.ops.loader.load_cuda_ops`` has loaded the library
 (prebuilt or JIT-built). Until then a CUDA call falls through to a CompositeExplicitAutograd kernel registered
 here that loads the library and calls the op again; a backend (CUDA) kernel takes precedence over
 CompositeExplicitAutograd, so afterwards every call goes straight to C++.
@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import torch
 
-from cosmos3 import ops_cpu, ops_loader
-from cosmos3.op_schemas import LIB as _LIB
-from cosmos3.ops_cpu import FP8
-from cosmos3.ops_loader import load_cuda_ops
+from cosmos3.ops import cpu, loader
+from cosmos3.ops.cpu import FP8
+from cosmos3.ops.loader import load_cuda_ops
+from cosmos3.ops.schemas import LIB as _LIB
 
 __all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "add_rms_norm", "attention_inputs", "dequantize_fp8",
            "load_cuda_ops", "quantize_fp8", "rms_norm", "silu_and_mul_2in"]
@@ -249,37 +249,37 @@ def _attention_inputs_fake(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix,
     return q.new_empty(q.shape), k.new_empty(kv_shape), v.new_empty(kv_shape)
 
 
-# --- CPU impls: checked here, computed by ops_cpu ---
+# --- CPU impls: checked here, computed by cosmos3.ops.cpu ---
 
 def _silu_and_mul_2in_cpu(gate, up, scale=None, limit=None, alpha=1.0, beta=0.0):
     _check_swiglu_args(gate, up, scale, limit)
-    return ops_cpu.silu_and_mul_2in(gate, up, scale, limit, alpha, beta)
+    return cpu.silu_and_mul_2in(gate, up, scale, limit, alpha, beta)
 
 
 def _quantize_fp8_cpu(x, scale):
     _check_quantize_args(x, scale)
-    return ops_cpu.quantize_fp8(x, scale)
+    return cpu.quantize_fp8(x, scale)
 
 
 def _dequantize_fp8_cpu(weight, scale, dtype):
     _check_dequantize_args(weight, scale, dtype)
-    return ops_cpu.dequantize_fp8(weight, scale, dtype)
+    return cpu.dequantize_fp8(weight, scale, dtype)
 
 
 def _rms_norm_cpu(x, weight, eps, scale=None):
     _check_norm_args("rms_norm", x, None, weight, scale)
-    return ops_cpu.rms_norm(x, weight, eps, scale)
+    return cpu.rms_norm(x, weight, eps, scale)
 
 
 def _add_rms_norm_cpu(x, delta, weight, eps, scale=None):
     _check_norm_args("add_rms_norm", x, delta, weight, scale)
-    total = ops_cpu.residual_sum(x, delta)
-    return total, ops_cpu.rms_norm(total, weight, eps, scale)
+    total = cpu.residual_sum(x, delta)
+    return total, cpu.rms_norm(total, weight, eps, scale)
 
 
 def _attention_inputs_cpu(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix):
     _check_attention_inputs_args(q, k, v, q_weight, k_weight, cos, sin, k_prefix, v_prefix)
-    return ops_cpu.attention_inputs(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix)
+    return cpu.attention_inputs(q, k, v, q_weight, k_weight, eps, cos, sin, k_prefix, v_prefix)
 
 
 def _load_then_redispatch(op_name: str):
@@ -288,7 +288,7 @@ def _load_then_redispatch(op_name: str):
         device = args[0].device
         if device.type != "cuda":
             raise NotImplementedError(f"cosmos3::{op_name} runs on CPU and CUDA tensors, got {device}")
-        if ops_loader.is_loaded():
+        if loader.is_loaded():
             raise RuntimeError(f"cosmos3::{op_name}: the CUDA extension is loaded but has no kernel for this op")
         load_cuda_ops()
         return getattr(torch.ops.cosmos3, op_name).default(*args)

@@ -1,6 +1,6 @@
 """Loads the CUDA kernels of csrc/: the library prebuilt into the wheel, else a JIT build, else a clear error.
 
-1. Prebuilt (``cosmos3/_cuda_ops*.so``, compiled by ``pip wheel .`` / ``scripts/build_wheel.sh`` where a CUDA
+1. Prebuilt (``cosmos3/ops/_cuda_ops*.so``, compiled by ``pip wheel .`` / ``scripts/build_wheel.sh`` where a CUDA
    torch and nvcc are present): loaded when its build record matches the running torch (version, CUDA,
    C++ ABI) and holds code for every visible GPU; a node needs neither nvcc nor ninja, and it loads in well
    under a second.
@@ -11,7 +11,7 @@
 
 Loading the library registers the CUDA kernels (``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)`` in
 csrc/torch_bindings.cpp) under the schemas ``cosmos3.ops`` defines, then each device's launch parameters are
-handed to it from ``cosmos3.launch_table``.
+handed to it from ``cosmos3.ops.launch_table``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Literal
 import structlog
 import torch
 
-from cosmos3 import launch_table, op_schemas, ops_build  # noqa: F401 - op_schemas: the schemas the kernels register under
+from cosmos3.ops import build, launch_table, schemas  # noqa: F401 - schemas: the schemas the kernels register under
 
 log = structlog.get_logger(__name__)
 
@@ -99,7 +99,7 @@ def _load(sms: list[int]) -> tuple[ModuleType, Source, Path]:
     prebuilt = find_prebuilt()
     refusal = prebuilt_refusal(prebuilt, sms)
     if refusal is None:
-        return _import_library(ops_build.EXTENSION, prebuilt), "prebuilt", prebuilt
+        return _import_library(build.EXTENSION, prebuilt), "prebuilt", prebuilt
     problem = toolchain_problem()
     if problem is not None:
         raise RuntimeError(no_kernels_message(refusal, problem))
@@ -110,7 +110,7 @@ def _load(sms: list[int]) -> tuple[ModuleType, Source, Path]:
 
 def find_prebuilt(package_dir: Path = PACKAGE_DIR) -> Path | None:
     """The prebuilt library in the installed package, for this Python (its extension suffix), if any."""
-    stem = ops_build.EXTENSION.rsplit(".", 1)[1]
+    stem = build.EXTENSION.rsplit(".", 1)[1]
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         if (path := package_dir / f"{stem}{suffix}").exists():
             return path
@@ -121,17 +121,17 @@ def prebuilt_refusal(prebuilt: Path | None, sms: list[int]) -> str | None:
     """Why the prebuilt library cannot be loaded here (None: it can)."""
     if prebuilt is None:
         return "no prebuilt kernels are installed (this cosmos3 was built without a CUDA torch and nvcc)"
-    record_path = prebuilt.with_name(ops_build.BUILD_RECORD)
+    record_path = prebuilt.with_name(build.BUILD_RECORD)
     if not record_path.exists():
         return f"the prebuilt kernels {prebuilt} have no build record ({record_path.name}); rebuild the wheel"
-    abi, archs = ops_build.read_record(json.loads(record_path.read_text()))
-    running = ops_build.running_abi()
+    abi, archs = build.read_record(json.loads(record_path.read_text()))
+    running = build.running_abi()
     if abi != running:
         return f"the prebuilt kernels were built for {abi.describe()}, and this is {running.describe()}"
     missing = [sm for sm in sms if not archs.runs_on(sm)]
     if missing:
         return (f"the prebuilt kernels hold code for {archs.describe()}, not for this GPU's "
-                f"{', '.join(f'sm_{sm}' for sm in missing)} (add it to {ops_build.ARCH_LIST_ENV} and rebuild)")
+                f"{', '.join(f'sm_{sm}' for sm in missing)} (add it to {build.ARCH_LIST_ENV} and rebuild)")
     return None
 
 
@@ -148,7 +148,7 @@ def toolchain_problem() -> str | None:
 
 
 def no_kernels_message(refusal: str, problem: str) -> str:
-    running = ops_build.running_abi()
+    running = build.running_abi()
     return (f"cosmos3 has no CUDA kernels it can load: {refusal}; {problem}. Either install the cosmos3-farm wheel "
             f"built for {running.describe()} (scripts/build_wheel.sh on a machine with this torch and the CUDA "
             f"toolkit; README, 'GPU cluster'), or install the CUDA toolkit {running.cuda} (nvcc on PATH or "
@@ -185,15 +185,15 @@ def _jit_build(sms: list[int]) -> tuple[ModuleType, Source, Path]:
     from torch.utils import cpp_extension
 
     directory = build_dir(sms)
-    library = directory / f"{ops_build.JIT_NAME}.so"
-    archs = ops_build.Archs(sm=tuple(map(str, sms)), ptx=())  # cubins for the visible GPUs only
+    library = directory / f"{build.JIT_NAME}.so"
+    archs = build.Archs(sm=tuple(map(str, sms)), ptx=())  # cubins for the visible GPUs only
     with build_lock(directory):
         before = library.stat().st_mtime_ns if library.exists() else None
         log.info("loading cosmos3 CUDA ops through a JIT build (about a minute the first time, then cached)",
                  build_dir=str(directory))
         module = cpp_extension.load(
-            name=ops_build.JIT_NAME, sources=[str(p) for p in ops_build.sources()],
-            extra_cflags=ops_build.CXX_FLAGS, extra_cuda_cflags=[*ops_build.NVCC_FLAGS, *archs.gencode_flags()],
+            name=build.JIT_NAME, sources=[str(p) for p in build.sources()],
+            extra_cflags=build.CXX_FLAGS, extra_cuda_cflags=[*build.NVCC_FLAGS, *archs.gencode_flags()],
             build_directory=str(directory))
         after = library.stat().st_mtime_ns
     return module, "jit-cache" if before == after else "jit-build", library

@@ -2,7 +2,7 @@
 
 Each op's kernel is a flat elementwise map: a block of ``threads`` threads, each loading
 ``vectors_per_thread`` 16-byte vectors of every input before it computes (so that many loads are in
-flight), over a grid that covers the whole tensor. ``cosmos3.ops_loader.load_cuda_ops`` hands every visible
+flight), over a grid that covers the whole tensor. ``cosmos3.ops.loader.load_cuda_ops`` hands every visible
 device's row to the CUDA extension; ``benchmarks/bench_ops.py launch`` measures a new row.
 """
 
@@ -62,4 +62,4 @@ def launch_params(sm: int) -> dict[str, LaunchParams]:
 def _log_unknown_arch(sm: int) -> None:
     log.warning("no measured launch parameters for this GPU; using safe defaults", sm=sm,
                 default={op: (p.threads, p.vectors_per_thread) for op, p in DEFAULT.items()},
-                fix="run benchmarks/bench_ops.py launch and add a row to cosmos3/launch_table.py")
+                fix="run benchmarks/bench_ops.py launch and add a row to cosmos3/ops/launch_table.py")

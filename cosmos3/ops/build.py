@@ -1,7 +1,7 @@
 """How csrc/ becomes a loadable library: one definition for the wheel build (setup.py) and the JIT build.
 
 Torch-free at import: setup.py loads this file by path, before the package exists, and the runtime loader
-(``cosmos3.ops_loader``) uses the same sources, flags and arch rules, so a prebuilt library and a JIT-built
+(``cosmos3.ops.loader``) uses the same sources, flags and arch rules, so a prebuilt library and a JIT-built
 one are the same code compiled the same way.
 
 A wheel build writes a *build record* (``BUILD_RECORD``, JSON) beside the library: the torch, CUDA and C++
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-EXTENSION = "cosmos3._cuda_ops"  # the prebuilt library: cosmos3/_cuda_ops.<python ABI>.so in the wheel
+EXTENSION = "cosmos3.ops._cuda_ops"  # the prebuilt library: cosmos3/ops/_cuda_ops.<python ABI>.so in the wheel
 JIT_NAME = "cosmos3_cuda_ops"  # the JIT-built module (torch.utils.cpp_extension.load's name)
 BUILD_RECORD = "_cuda_ops_build.json"  # beside the prebuilt library
 CXX_FLAGS = ["-O3"]

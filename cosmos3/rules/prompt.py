@@ -1,4 +1,5 @@
-"""Prompt -> token ids, exactly as the published Cosmos3 pipeline builds them (reference §4.1).
+"""A prompt's conversation, exactly as the published Cosmos3 pipeline lays it out (reference §4.1), and its token
+budget (``TextBudget``), torch-free; ``cosmos3.prompt_tokenizer`` turns it into token ids.
 
 Cosmos3 has no text encoder: the transformer embeds raw token ids with its own ``embed_tokens``.
 Each branch of classifier-free guidance gets one chat-templated conversation (system prompt + user
@@ -9,13 +10,10 @@ generation tokens begin. The negative prompt carries the *inverse* metadata sent
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosmos3.background_build import BackgroundBuild
 from cosmos3.errors import CheckpointError
-from cosmos3.library_import import LIBRARY_IMPORT
 
 # The typo "give" (for "given") is intentional: it is what the model was trained on.
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
@@ -57,7 +55,7 @@ def _append_sentence(text: str, sentence: str) -> str:
     return f"{text}. {sentence}" if text else sentence
 
 
-def _tokenizer_dir(path: str | Path) -> Path:
+def tokenizer_dir(path: str | Path) -> Path:
     path = Path(path)
     if not (path / "tokenizer_config.json").is_file():
         raise CheckpointError(f"{path}: no tokenizer_config.json (is this the checkpoint's text_tokenizer/ dir?)")
@@ -73,7 +71,7 @@ def with_metadata(text: str, spec: PromptSpec, *, negative: bool) -> str:
     return _append_sentence(text, template.format(height=spec.height, width=spec.width))
 
 
-def _not_loaded(path: Path, err: Exception) -> CheckpointError:
+def tokenizer_not_loaded(path: Path, err: Exception) -> CheckpointError:
     return CheckpointError(f"{path}: the text tokenizer did not load ({type(err).__name__}: {err}); "
                            "it needs transformers' tokenizer files (tokenizer.json)")
 
@@ -82,7 +80,7 @@ class TextBudget:
     """How many tokens one branch's text may take, counted by the checkpoint's ``tokenizer.json`` with the
     ``tokenizers`` library (what transformers' fast tokenizer runs, without torch): the prompt with its metadata
     sentences plus the system prompt; the chat template's few markers are not counted. ``farm validate`` and the
-    worker's pipeline both count with it (``cosmos3.request``)."""
+    worker's pipeline both count with it (``cosmos3.rules.request``)."""
 
     def __init__(self, tokenizer, limit: int):
         self._tokenizer, self.limit = tokenizer, limit
@@ -97,12 +95,12 @@ class TextBudget:
         """
         from tokenizers import Tokenizer
 
-        path = _tokenizer_dir(path)
+        path = tokenizer_dir(path)
         try:
             config = json.loads((path / "tokenizer_config.json").read_text())
             tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as err:  # tokenizers raises its own Exception for a file it cannot parse
-            raise _not_loaded(path, err) from None
+            raise tokenizer_not_loaded(path, err) from None
         stated = config.get("model_max_length") if isinstance(config, dict) else None
         valid = isinstance(stated, int) and not isinstance(stated, bool) and stated > 0
         return cls(tokenizer, min(stated, MAX_TEXT_TOKENS) if valid else MAX_TEXT_TOKENS)
@@ -124,70 +122,3 @@ class TextBudget:
             return None
         return (f"{count:,} tokens with the system prompt and metadata sentences, above the text tokenizer's limit "
                 f"of {self.limit:,}; shorten it")
-
-
-class PromptTokenizer:
-    """The checkpoint's ``text_tokenizer/`` plus the Cosmos3 conversation layout."""
-
-    def __init__(self, tokenizer, budget: TextBudget):
-        self.tokenizer, self.budget = tokenizer, budget
-        self.eos_token_id = tokenizer.eos_token_id
-        self.vision_start_id = tokenizer.convert_tokens_to_ids(VISION_START_TOKEN)
-        if self.eos_token_id is None or self.vision_start_id in (None, tokenizer.unk_token_id):
-            raise CheckpointError(
-                f"text_tokenizer/ must define an eos token and {VISION_START_TOKEN}; "
-                f"got eos_token_id={self.eos_token_id}, {VISION_START_TOKEN} -> {self.vision_start_id}"
-            )
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path) -> PromptTokenizer:
-        path = _tokenizer_dir(path)
-        # Not beside a background VAE build's import: the load itself imports transformers' modules lazily.
-        with LIBRARY_IMPORT:
-            return cls._load(path)
-
-    @classmethod
-    def load_in_background(cls, path: str | Path) -> BackgroundBuild[PromptTokenizer]:
-        """``from_pretrained`` in a thread, so transformers' import overlaps the caller's next work (the
-        transformer's load). Its first import took 14 s in a farm worker on an H200 host: transformers 5.17 brings
-        in ``torch.distributed.tensor``, sympy and scikit-learn (benchmarks/results/h200-render.md).
-        A missing ``tokenizer_config.json`` raises here; what the load raises, at ``result()``. Returns once the
-        thread holds LIBRARY_IMPORT, so an import the caller starts next (the VAE's, which pulls in transformers
-        too) waits for this one instead of the reverse."""
-        path = _tokenizer_dir(path)
-        holding = threading.Event()
-
-        def load() -> PromptTokenizer:
-            with LIBRARY_IMPORT:
-                holding.set()
-                return cls._load(path)
-
-        build = BackgroundBuild(load, name="load-tokenizer")
-        holding.wait()
-        return build
-
-    @classmethod
-    def _load(cls, path: Path) -> PromptTokenizer:
-        from transformers import AutoTokenizer
-
-        budget = TextBudget.from_dir(path)  # first: a broken tokenizer.json fails in the words farm validate uses
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
-        except Exception as err:  # its own words, and which directory they are about
-            raise _not_loaded(path, err) from err
-        return cls(tokenizer, budget)
-
-    def encode(self, text: str, kind: str) -> list[int]:
-        """One branch: chat template (system + user, generation prompt) + eos + ``<|vision_start|>``."""
-        system = SYSTEM_PROMPT_IMAGE if kind == "image" else SYSTEM_PROMPT_VIDEO
-        conversation = [{"role": "system", "content": system}, {"role": "user", "content": text}]
-        encoded = self.tokenizer.apply_chat_template(
-            conversation, tokenize=True, add_generation_prompt=True, return_dict=True
-        )
-        return list(encoded["input_ids"]) + [self.eos_token_id, self.vision_start_id]
-
-    def encode_pair(self, prompt: str, negative_prompt: str, spec: PromptSpec) -> tuple[list[int], list[int]]:
-        """``(cond_ids, uncond_ids)`` for one job."""
-        cond = self.encode(with_metadata(prompt, spec, negative=False), spec.kind)
-        uncond = self.encode(with_metadata(negative_prompt, spec, negative=True), spec.kind)
-        return cond, uncond

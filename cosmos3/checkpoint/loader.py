@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.checkpoint import CheckpointFiles, TensorDict, load_checkpoint
-from cosmos3.checkpoint_header import fp8_modules, inspect
-from cosmos3.config import Cosmos3Config
+from cosmos3.checkpoint.weights import CheckpointFiles, TensorDict, load_checkpoint
 from cosmos3.layers.attention import GEN
 from cosmos3.layers.linear import Linear
-from cosmos3.load_options import LoadOptions, Precision, resolve
+from cosmos3.precision import StepPrecisionController
 from cosmos3.quant import W8A16, get_quant_method
-from cosmos3.step_precision import StepPrecisionController
+from cosmos3.rules.checkpoint_header import fp8_modules, inspect
+from cosmos3.rules.config import Cosmos3Config
+from cosmos3.rules.load_options import LoadOptions, Precision, resolve
 from cosmos3.timing import Clock
 from cosmos3.transformer import Cosmos3Transformer
 
@@ -24,7 +24,7 @@ def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **
     ``options`` are ``build_transformer``'s: ``dtype``, ``precision`` (``"auto"`` follows the
     checkpoint), ``attention`` (``"auto"``/``"bf16"``: the fastest BF16 kernel; ``"fp8"``: FP8
     attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``fp8_accumulation``
-    (``"fast"`` or ``"fp32"``: how FP8 GEMMs sum on the GPU, cosmos3.load_options), ``step_precision``
+    (``"fast"`` or ``"fp32"``: how FP8 GEMMs sum on the GPU, cosmos3.rules.load_options), ``step_precision``
     (``"auto"``: the checkpoint's diffusion_step_policy, if any; ``"off"``; or ``{"first": n, "last": m}``
     to experiment), ``parallel`` (the parallel axes the caller intends; static FP8 refuses any above 1)
     and ``lora``.
