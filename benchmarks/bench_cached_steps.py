@@ -12,11 +12,11 @@ bookkeeping run every step as in a real render; only the decision is given. Side
 
 Per arm: the denoising seconds, the mean computed (W8A8) and cached step, the job's peak memory during the steps.
 
-    python benchmarks/bench_cached_steps.py write --root /tmp/nano        # the random FP8 checkpoint
-    python benchmarks/bench_cached_steps.py run --root /tmp/nano --out $OUT/cached-steps.json
-    python benchmarks/bench_cached_steps.py run --root /tmp/nano --attention fp8 --arms clip-cached clip-cached-w8a8 \
+    python -m benchmarks.bench_cached_steps write --root /tmp/nano        # the random FP8 checkpoint
+    python -m benchmarks.bench_cached_steps run --root /tmp/nano --out $OUT/cached-steps.json
+    python -m benchmarks.bench_cached_steps run --root /tmp/nano --attention fp8 --arms clip-cached clip-cached-w8a8 \
         --out $OUT/cached-steps-edges.json
-    python benchmarks/bench_cached_steps.py report $OUT/cached-steps.json
+    python -m benchmarks.bench_cached_steps report $OUT/cached-steps.json
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import GIB, PROMPT, job_request, machine  # noqa: E402
+from benchmarks.common import GIB, PROMPT, job_request, machine
 
 CLIP_CACHED, STILL_CACHED = 16, 20
 

@@ -8,7 +8,7 @@ sweep with PSNR, sound SNR and steps saved side by side. Seconds are the GPU's t
 the toy's steps on a shared CPU time nothing but noise. Stills run every step in the pipeline
 (``Cosmos3Pipeline._step_cache``); ``--stills`` caches them here too, to measure what that would give.
 
-    python benchmarks/bench_step_cache.py [--thresholds 0.1 0.25 0.4] [--default 0.25] [--stills]
+    python -m benchmarks.bench_step_cache [--thresholds 0.1 0.25 0.4] [--default 0.25] [--stills]
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ An attempt has two calls on its worker: `render` (the GPU's work; the worker kee
 holds the GPU; a worker publishes at most one job beside a render, and one with two publishes waiting renders
 nothing until one has ended. A job is done when its publish has returned and verifies.
 
-Failure policies (reference/farm-anchors.md §6):
+Failure policies:
 - a job the model refuses (cosmos3's PipelineError or ConfigError: the user's mistake) fails at once, without
   retries, and does not count against its worker; so does a job with sound when the checkpoint's sound tokenizer
   did not build (SoundTokenizerLoadError: no worker could make its sound), while its silent jobs render;

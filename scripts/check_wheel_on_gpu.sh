@@ -56,6 +56,6 @@ print("farm submit: sidecar worker.ops", ops)
 sys.exit(0 if ops and ops["source"] == "prebuilt" else 1)
 PYEOF
 
-PYTHONPATH="$PWD${DEPS:+:$DEPS}" "$PY" benchmarks/bench_ops_load.py --prebuilt "$work/site" --source . \
+PYTHONPATH="$PWD${DEPS:+:$DEPS}" "$PY" -m benchmarks.bench_ops_load --prebuilt "$work/site" --source . \
   ${DEPS:+--deps "$DEPS"} --concurrent 4 --repeats "${REPEATS:-3}" 2>&1 | tee "$LOGS/bench_ops_load.log" || status=1
 exit "$status"

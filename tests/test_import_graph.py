@@ -171,6 +171,83 @@ def test_the_contract_check_finds_an_internal_import():
     assert contract_violations(graph) == ["farm.storage imports worker.actor", "worker.encode imports farm.lease"]
 
 
+def top_level_imports(path: Path, root: Path = ROOT) -> set[str]:
+    """The top-level names a file imports (``tests`` for ``from tests.farm import x``); relative imports name their
+    own package."""
+    found = set()
+    for node in _imports(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif node.level:
+            found.add(path.relative_to(root).parts[0])
+        elif node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def crossings(root: Path = ROOT) -> list[str]:
+    """Imports between tests and benchmarks: benchmarks and testbed never import tests; tests import benchmarks only
+    in tests/benchmarks/ (the benchmarks' own tests); testbed never imports benchmarks."""
+    rules = {"benchmarks": {"tests"}, "testbed": {"tests", "benchmarks"}, "tests": {"benchmarks"}}
+    found = []
+    for folder, forbidden in rules.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            if folder == "tests" and path.is_relative_to(root / "tests" / "benchmarks"):
+                continue
+            names = sorted(top_level_imports(path, root) & forbidden)
+            found += [f"{path.relative_to(root)} imports {name}" for name in names]
+    return found
+
+
+def test_tests_and_benchmarks_share_testbed_and_never_import_each_other():
+    assert "testbed" in top_level_imports(ROOT / "benchmarks" / "bench_autoscale.py")  # the check sees imports
+    assert crossings() == []
+
+
+def test_the_crossing_check_finds_each_direction(tmp_path):
+    files = {("benchmarks", "bench_x.py"): "from tests.farm.helpers import f\n",
+             ("tests", "cosmos3", "test_x.py"): "def t():\n    from benchmarks.bench_x import g\n",
+             ("tests", "benchmarks", "test_bench_x.py"): "import benchmarks.bench_x\n",
+             ("testbed", "inputs.py"): "import json\n"}
+    for parts, text in files.items():
+        tmp_path.joinpath(*parts[:-1]).mkdir(parents=True, exist_ok=True)
+        tmp_path.joinpath(*parts).write_text(text)
+    assert crossings(tmp_path) == [f"{Path('benchmarks', 'bench_x.py')} imports tests",
+                                   f"{Path('tests', 'cosmos3', 'test_x.py')} imports benchmarks"]
+
+
+def sys_path_edits(path: Path) -> list[int]:
+    """Lines that change ``sys.path`` (``sys.path.insert/append/extend(...)``, or an assignment to it)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        target = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "insert", "append", "extend"):
+            target = node.func.value
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+        if target is not None and ast.unparse(target) == "sys.path":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_benchmark_edits_sys_path():
+    """Benchmarks run as ``python -m benchmarks.bench_x`` from the checkout's root, which puts the root on the path."""
+    edits = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "benchmarks").glob("*.py"))
+             if (lines := sys_path_edits(p))}
+    assert edits == {}
+
+
+@pytest.mark.parametrize("source, lines", [
+    ("import sys\nsys.path.insert(0, 'x')\n", [2]),
+    ("import sys\nsys.path += ['x']\n", [2]),
+    ("import sys\nprint(sys.path)\npath = []\npath.append(1)\n", []),
+])
+def test_the_sys_path_check_finds_edits(tmp_path, source, lines):
+    (tmp_path / "bench.py").write_text(source)
+    assert sys_path_edits(tmp_path / "bench.py") == lines
+
+
 def test_the_packages_import_one_way():
     graph = import_graph()
     assert "cosmos3.ops" in graph["cosmos3.layers.attention_kernels"]  # the graph sees real imports

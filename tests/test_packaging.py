@@ -24,7 +24,7 @@ def source_copy(tmp_path_factory) -> Path:
     """The tracked files of the checkout, so the build writes its build/ and egg-info there, not here."""
     copy = tmp_path_factory.mktemp("src")
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "setup.py", "pyproject.toml",
-                             "README.md", "cosmos3", "farm", "worker"],
+                             "README.md", "cosmos3", "farm", "worker", "toy", "testbed", "benchmarks"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for name in listed:
         if (ROOT / name).is_file():
@@ -45,6 +45,7 @@ def test_the_cpu_build_is_pure_python_with_csrc_inside_cosmos3_ops(source_copy, 
     kernels = sorted(n for n in names if n.startswith("cosmos3/ops/csrc/"))
     assert kernels == sorted(f"cosmos3/ops/csrc/{p.name}" for p in (ROOT / "cosmos3" / "ops" / "csrc").iterdir())
     assert not [n for n in names if n.startswith("csrc/") or n.endswith((".so", ".o"))]
+    assert {n.split("/")[0] for n in names if "/" in n and ".dist-info/" not in n} == {"cosmos3", "farm", "worker"}
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the build on a machine with a CPU torch")

@@ -29,12 +29,12 @@ fp32 tensor with one element on the input's device (read by the kernel, never on
 in-place updates).
 
 Registration. The schemas are defined in ``cosmos3.ops.schemas``; CPU impls and fake impls are registered here on
-its ``torch.library.Library`` (``define``/``impl``: ~3.6 us a call, against ~11 us for ``torch.library.custom_op``;
-kernels.md section 4), so the ops exist on a machine without CUDA. The CPU impls are ``cosmos3.ops.cpu``: the
-kernels' arithmetic, bit for bit. The CUDA kernels are registered by csrc/torch_bindings.cpp
-(``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)``) once ``cosmos3.ops.loader.load_cuda_ops`` has loaded the library
-(prebuilt or JIT-built). Until then a CUDA call falls through to a CompositeExplicitAutograd kernel registered
-here that loads the library and calls the op again; a backend (CUDA) kernel takes precedence over
+its ``torch.library.Library`` (``define``/``impl``, which cost less a call than ``torch.library.custom_op``'s Python
+wrapper; vLLM registers its ops the same way), so the ops exist on a machine without CUDA. The CPU impls are
+``cosmos3.ops.cpu``: the kernels' arithmetic, bit for bit. The CUDA kernels are registered by
+csrc/torch_bindings.cpp (``TORCH_LIBRARY_IMPL(cosmos3, CUDA, m)``) once ``cosmos3.ops.loader.load_cuda_ops`` has
+loaded the library (prebuilt or JIT-built). Until then a CUDA call falls through to a CompositeExplicitAutograd
+kernel registered here that loads the library and calls the op again; a backend (CUDA) kernel takes precedence over
 CompositeExplicitAutograd, so afterwards every call goes straight to C++.
 """
 

@@ -151,7 +151,7 @@ def no_kernels_message(refusal: str, problem: str) -> str:
     running = build.running_abi()
     return (f"cosmos3 has no CUDA kernels it can load: {refusal}; {problem}. Either install the cosmos3-farm wheel "
             f"built for {running.describe()} (scripts/build_wheel.sh on a machine with this torch and the CUDA "
-            f"toolkit; README, 'GPU cluster'), or install the CUDA toolkit {running.cuda} (nvcc on PATH or "
+            f"toolkit; docs/gpu-nodes.md), or install the CUDA toolkit {running.cuda} (nvcc on PATH or "
             f"CUDA_HOME set) and ninja, and cosmos3 builds its kernels on first use.")
 
 

@@ -1,4 +1,4 @@
-"""A render request, its task defaults (reference §4.3) and its validation.
+"""A render request, its task defaults (docs/model.md §4.3) and its validation.
 
 ``RenderRequest`` is what callers fill in (``None`` = task default); ``resolve()`` turns it into a
 fully concrete ``RenderPlan`` or raises one ``PipelineError`` that lists every problem with its fix.

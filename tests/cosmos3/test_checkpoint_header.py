@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from cosmos3 import load_transformer
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.rules.checkpoint_header import inspect
+from testbed.reference import tiny_reference
 from tests.cosmos3.checkpoint_files import write_sharded
-from tests.cosmos3.reference import tiny_reference
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 

@@ -27,9 +27,9 @@ from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import FP8, FP8_MAX, StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.rules.checkpoint_header import linear_sites
+from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
+from testbed.reference import diffusers_pipeline
 from tests.cosmos3.checkpoint_files import write_sharded
-from tests.cosmos3.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
-from tests.cosmos3.reference import diffusers_pipeline
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
 LAYERS = 2

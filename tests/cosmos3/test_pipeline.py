@@ -333,7 +333,7 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
 @pytest.fixture(scope="module")
 def diffusers_pipe(root, pipe):
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     return diffusers_pipeline(root, pipe)
 

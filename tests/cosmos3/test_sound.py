@@ -121,7 +121,7 @@ class TransformerCalls:
 
 
 def test_t2v_with_sound_matches_the_diffusers_pipeline(root, pipe, monkeypatch):
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     width, height, frames = 48, 32, 9
     reference = diffusers_pipeline(root, pipe, sound=True)

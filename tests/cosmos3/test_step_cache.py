@@ -49,7 +49,7 @@ def diffusers_render(root, pipe, *, sound: bool = False, **inputs) -> tuple[np.n
     decoder stack ran (seen by a hook on the first decoder layer)."""
     from diffusers import SeaCacheConfig
 
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     reference = diffusers_pipeline(root, pipe, sound=sound)
     reference.transformer.enable_cache(SeaCacheConfig(threshold=CACHE["threshold"],

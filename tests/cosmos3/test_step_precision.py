@@ -17,7 +17,7 @@ from cosmos3.errors import ConfigError
 from cosmos3.quant import STATIC_FP8, W8A16
 from cosmos3.rules.config import QuantConfig
 from cosmos3.rules.step_precision import StepPolicy, parse_runtime, resolve_policy
-from tests.cosmos3.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
+from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
 
 PUBLISHED = {"diffusion_step_policy": PUBLISHED_STEP_POLICY}
 

@@ -110,7 +110,7 @@ cudaError_t launch_for_limit(const In* gate, const In* up, Out* out, const float
 
 SwigluScalars swiglu_scalars(double alpha, double beta, const double* limit) {
   const float coef = -static_cast<float>(alpha) * kLog2e;
-  // Bounds on g for kExp2Min <= g * coef <= kExp2Max, divided in fp64 and rounded once (as ops_cpu.py); no
+  // Bounds on g for kExp2Min <= g * coef <= kExp2Max, divided in fp64 and rounded once (as cosmos3/ops/cpu.py); no
   // bounds for alpha == 0.
   const float a = coef == 0.f ? -INFINITY : static_cast<float>(kExp2Min / coef);
   const float b = coef == 0.f ? INFINITY : static_cast<float>(kExp2Max / coef);

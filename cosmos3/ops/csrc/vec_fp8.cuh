@@ -57,7 +57,7 @@ template <> __device__ __forceinline__ float from_float(float x) { return x; }
 
 // FP8 e4m3 with hardware round-to-nearest-even and saturation (cvt.rn.satfinite.e4m3x2.f32 on sm_89+).
 // SATFINITE is the clamp to +-448: it equals clamp(x, -448, 448).to(float8_e4m3fn) bit for bit on finite
-// values and +-inf (kernels.md section 6), so no separate fminf/fmaxf clamp, which would also turn NaN into
+// values and +-inf (CUDA Math API, FP8 conversion), so no separate fminf/fmaxf clamp, which would also turn NaN into
 // +-448 instead of NaN.
 __device__ __forceinline__ __nv_fp8x2_storage_t to_fp8x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);

@@ -8,7 +8,7 @@ import torch
 
 from cosmos3.checkpoint.fp8_export import export, quantize
 from cosmos3.diffusers_model import load_diffusers_transformer, reference_forward
-from tests.cosmos3.reference import tiny_reference
+from testbed.reference import tiny_reference
 
 PROMPTS = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6]), torch.tensor([5, 3, 5, 8, 9, 7, 9])]
 

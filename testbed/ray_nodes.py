@@ -142,7 +142,7 @@ class RayNodes:
         """Starts `watch` on this cluster (killed with it); returns the file it writes."""
         out = self.root / "nodes.jsonl"
         out.touch()
-        subprocess.Popen([sys.executable, "-m", "tests.farm.ray_nodes", self.address, str(out)], env=self.env,
+        subprocess.Popen([sys.executable, "-m", "testbed.ray_nodes", self.address, str(out)], env=self.env,
                          cwd=Path(__file__).parents[2], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, start_new_session=True)
         return out
