@@ -39,9 +39,11 @@ from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, cache_r
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
 from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.rules.load_options import Precision
+from cosmos3.rules.model_card import tasks_of
 from cosmos3.rules.prompt import PromptSpec
 from cosmos3.rules.request import (
     NO_SOUND,
+    TASKS,
     V2V_CONDITION_LATENT_FRAMES,
     RenderPlan,
     RenderRequest,
@@ -130,6 +132,7 @@ class Cosmos3Pipeline:
         sound: SoundSupport | None = None,
         sound_tokenizer: BackgroundBuild[SoundTokenizer] | None = None,
         cache: SeaCacheSettings | None = None,
+        tasks: tuple[str, ...] = TASKS,
     ):
         self.model = model
         self.cache = cache  # the step cache clips run (None: every step computes)
@@ -142,7 +145,7 @@ class Cosmos3Pipeline:
         self.sound = sound or NO_SOUND
         # The request rules, with the VAE's factors from its config.json, read as the farm reads it (VAEConfig).
         self.rules = RequestRules(recipe, vae.config.spatial_factor, vae.config.temporal_factor,
-                                  model.config.latent_patch_size, tokenizer.budget, self.sound)
+                                  model.config.latent_patch_size, tokenizer.budget, self.sound, tasks)
         self._sound_tokenizer = sound_tokenizer
         self._load_timings: dict = {}  # from_pretrained's seconds per stage of the load
 
@@ -258,6 +261,7 @@ class Cosmos3Pipeline:
             sound=sound,
             sound_tokenizer=sound_tokenizer,
             cache=cache_settings,
+            tasks=tasks_of(root, TASKS),
         )
         if vae_load == "eager":
             for build in pipe._decoders():

@@ -4,7 +4,7 @@ Every layer holds both towers' parameters (names as in the diffusers flat checkp
 UND is causal over text and never sees GEN, so its per-layer K/V are computed once per request
 and CFG branch (``encode_text``) and every denoising step runs only the GEN tower against them.
 There is no AdaLN: the timestep enters as an additive embedding on noisy frames only.
-References: docs/model.md §1-§3; diffusers ``transformer_cosmos3.py``.
+References: docs/checkpoints.md §1-§3; diffusers ``transformer_cosmos3.py``.
 """
 
 from __future__ import annotations

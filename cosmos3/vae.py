@@ -1,7 +1,7 @@
 """The checkpoint's ``vae/``: diffusers ``AutoencoderKLWan`` (Wan 2.2) plus Cosmos3's latent normalisation.
 
 The transformer sees *normalised* latents, ``(mu - latents_mean) / latents_std`` per channel, with
-``mu`` the posterior mode (no sampling), as the published pipeline encodes (docs/model.md §1).
+``mu`` the posterior mode (no sampling), as the published pipeline encodes (docs/checkpoints.md §1).
 The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames ``<= 4k`` and decoded
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
 

@@ -1,36 +1,54 @@
-"""Who owns each output file of a root: one manifest per file, whatever the manifests' names.
+"""Who owns each path the farm writes: one manifest per path, whatever the manifests' names or roots.
 
-Two manifests sharing `output.root` whose templates resolve to one file would overwrite each other's renders
-(and each would then count the other's render as its own not done). So a manifest claims the files its jobs
-publish: `<root>/.farm/<name>/claims.json` lists them, relative to the root, with the manifest's path. A file
-claimed by another manifest is refused at validate, plan and submit, naming that manifest and its job.
+Two manifests whose templates resolve to one file would overwrite each other's renders (and each would then count
+the other's render as its own not done). So a manifest claims the files its jobs publish:
+`<root>/.farm/<name>/claims.json` lists them, relative to the root, with the manifest's path. What a manifest
+writes is each of its files and its sidecar (`.json`), and the folders above them; the paths are compared as a
+tree, so one manifest's file is never another's file, nor a folder of another's (`{task}/{id}/x` beside an id
+`a_s0.png`), nor inside another root's records (`.farm/`).
 
-A submit rewrites its claims (jobs removed from the manifest give their files back) under an exclusive lock on
-`<root>/.farm/.claims.lock`, held from reading the others' claims to publishing its own, so of two submits
-started at once only one can take a file. Validate and plan only read.
+Claims are compared across roots: a root is any folder holding `.farm/`, and a manifest's files are compared with
+the claims of its own root, of every root above it, and of every root on the way from it to one of its files (a
+root nested inside it that it writes into). Two roots that do not nest, or that nest without either writing into
+the other's paths, never meet.
+
+Claims fail closed: another manifest whose `claims.json` is missing, damaged or not a claims record is asked
+through its `state.json` (every job's files, written at each submit); when neither can be read, and its records
+folder holds anything but a lease (a driver between its lease and its claims, which claims after this one under
+the lock), no manifest that meets that root may claim or validate until its claims are known again, and the
+message names the file and the fix. A records folder removed whole retires its manifest.
+
+A submit rewrites its claims (jobs removed from the manifest give their files back) under the exclusive lock
+`.farm/.claims.lock` of every root it meets, taken in path order and held from reading the others' claims to
+publishing its own, so of two submits started at once only one can take a path. Validate and plan only read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import structlog
+import filelock
 
-from farm import storage, template
-from farm.errors import FarmError
+from farm import lease, storage, template
+from farm.errors import FarmError, StorageFault
 
 CLAIMS_FILE = "claims.json"
 LOCK_FILE = ".claims.lock"  # a dot first: no manifest name (an id starts with a letter or digit) is it
 CLAIMS_FORMAT = 1
-log = structlog.get_logger("farm")
+_SHOWN = 10  # conflicts listed in a refusal
 
 
 class ClaimConflict(FarmError):
-    """Files of this manifest are another manifest's."""
+    """Paths of this manifest are another manifest's."""
+
+
+class ClaimsUnknown(FarmError):
+    """Another manifest's claims cannot be read, so whether this manifest would overwrite its files is unknown."""
 
 
 def claims_path(root: str | Path, name: str) -> Path:
@@ -46,64 +64,204 @@ def wanted(manifest) -> dict[str, str]:
 
 
 def check(manifest) -> None:
-    """Refuses a manifest whose files another manifest of its root has claimed (a read; nothing is written).
+    """Refuses a manifest that would write a path another manifest owns (a read; nothing is written).
 
-    # Raises: ClaimConflict naming, for the first files taken, the other manifest and its job.
+    # Raises: ClaimConflict naming, for the first paths taken, the other manifest and its job; ClaimsUnknown
+    # (another manifest's claims cannot be read), StorageFault (a records folder cannot be listed).
     """
-    _refuse_taken(manifest, wanted(manifest))
+    mine = _Mine(manifest)
+    _refuse_taken(mine, _roots(mine))
 
 
 def claim(manifest) -> None:
-    """Claims the manifest's files for it, replacing its earlier claims, unless another manifest holds one.
+    """Claims the manifest's files for it, replacing its earlier claims, unless another manifest owns a path.
 
-    # Raises: ClaimConflict (nothing claimed), StorageFault (the claims cannot be written).
+    # Raises: ClaimConflict, ClaimsUnknown (nothing claimed), StorageFault (the claims cannot be written).
     """
-    files = wanted(manifest)
-    with _locked(manifest.output_root):
-        _refuse_taken(manifest, files)
-        storage.write_json(claims_path(manifest.output_root, manifest.name), {
-            "format": CLAIMS_FORMAT, "manifest": {"path": manifest.path, "name": manifest.name}, "files": files,
-        })
+    mine = _Mine(manifest)
+    roots = _roots(mine)
+    while True:
+        with _locked(roots):
+            found = _roots(mine)  # a root nested on the way may have appeared before its lock was taken
+            if found <= roots:
+                _refuse_taken(mine, found)
+                storage.write_json(claims_path(mine.root, manifest.name), {
+                    "format": CLAIMS_FORMAT, "manifest": {"path": manifest.path, "name": manifest.name},
+                    "files": mine.files,
+                })
+                return
+        roots |= found
+
+
+@dataclass
+class _Mine:
+    """What one manifest writes: its files relative to its real root, and every path it writes by owner job."""
+
+    root: Path  # real
+    name: str
+    files: dict[str, str]  # relative file -> job key (what claims.json holds)
+    written: dict[Path, str]  # real path of each file and its sidecar -> job key
+
+    def __init__(self, manifest):
+        self.root = Path(manifest.output_root).resolve()
+        self.name = manifest.name
+        self.files = wanted(manifest)
+        self.written = dict(_written((self.root / f, key) for f, key in self.files.items()))
+
+    def shown(self, path: Path) -> str:
+        return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+
+
+def _written(files: Iterable[tuple[Path, str]]) -> Iterator[tuple[Path, str]]:
+    """Each file with its owner, and the sidecar `publish` writes beside it."""
+    for path, owner in files:
+        yield path, owner
+        yield storage.sidecar_path(path), owner
 
 
 @contextlib.contextmanager
-def _locked(root: str | Path) -> Iterator[None]:
-    path = Path(root) / storage.RECORDS_DIR / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the descriptor closes, also if this process dies
+def _locked(roots: Iterable[Path]) -> Iterator[None]:
+    """The claims lock of every root, taken in path order (two submits never wait on each other in a circle); each
+    lock is released when its descriptor closes, also if this process dies."""
+    with contextlib.ExitStack() as stack:
+        for root in sorted(roots):
+            path = root / storage.RECORDS_DIR / LOCK_FILE
+            try:
+                path.parent.mkdir(exist_ok=True)
+                stack.enter_context(filelock.FileLock(path))  # flock; never opened through a link
+            except OSError as err:
+                raise StorageFault(f"cannot take the claims lock {path}: {err.strerror or err} (it must be a file "
+                                   "the farm made; if it is a link, a folder or a special file, remove it)") from err
         yield
-    finally:
-        os.close(fd)
 
 
-def _refuse_taken(manifest, files: dict[str, str]) -> None:
-    taken = []
-    for other, record in _others(manifest):
-        theirs = record.get("files")
-        if not isinstance(theirs, dict):
-            continue
-        owner = record.get("manifest") if isinstance(record.get("manifest"), dict) else {}
-        for relative in files.keys() & theirs.keys():
-            taken.append(f"{relative} (job {files[relative]}) is already written by job {theirs[relative]} of "
-                         f"manifest {owner.get('name', other)!r} ({owner.get('path', 'path unknown')})")
+def _roots(mine: _Mine) -> set[Path]:
+    """Every root whose paths can meet the manifest's: its own, each folder above it holding `.farm/`, and each
+    folder holding `.farm/` on the way from it to one of its paths (the path itself included)."""
+    found = {mine.root} | {p for p in mine.root.parents if _is_root(p)}
+    seen: set[Path] = set()
+    for path in mine.written:
+        while path != mine.root and path not in seen:
+            seen.add(path)
+            if _is_root(path):
+                found.add(path)
+            path = path.parent
+    return found
+
+
+def _is_root(folder: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(folder / storage.RECORDS_DIR).st_mode)
+    except OSError:
+        return False
+
+
+def _refuse_taken(mine: _Mine, roots: set[Path]) -> None:
+    theirs: dict[Path, str] = {}
+    for root in sorted(roots):
+        theirs |= _claimed(root, skip=mine.name if root == mine.root else None)
+    taken = _overlaps(mine, theirs)
     if taken:
-        shown = "\n  ".join(sorted(taken)[:10]) + (f"\n  ... and {len(taken) - 10} more" if len(taken) > 10 else "")
+        shown = "\n  ".join(taken[:_SHOWN]) + (f"\n  ... and {len(taken) - _SHOWN} more" if len(taken) > _SHOWN else "")
         raise ClaimConflict(
-            f"{len(taken)} output file(s) of {manifest.name} in {manifest.output_root} belong to another manifest; "
+            f"{len(taken)} output path(s) of {mine.name} in {mine.root} belong to another manifest; "
             f"writing them would overwrite its renders:\n  {shown}\n"
             f"give this manifest another output.root or output.path, or, if the other manifest is retired, remove "
             f"its records ({storage.RECORDS_DIR}/<its name>/)")
 
 
-def _others(manifest) -> Iterator[tuple[str, dict]]:
-    """(name, claims) of every other manifest of the root. The records of this name are this manifest's (a
-    manifest that moved keeps its files; another one of the same name is refused at submit, `driver`)."""
-    for path in sorted((Path(manifest.output_root) / storage.RECORDS_DIR).glob(f"*/{CLAIMS_FILE}")):
-        if path.parent.name == manifest.name:
-            continue
-        record, problem = storage.read_record(path)
-        if problem:
-            log.warning("claims_unreadable", problem=problem)
-        if record is not None:
-            yield path.parent.name, record
+def _overlaps(mine: _Mine, theirs: dict[Path, str]) -> list[str]:
+    """Each path of `mine` that is a path of `theirs` (path -> owner), a folder above one, or below one."""
+    folders: dict[Path, Path] = {}  # every folder above a path of theirs -> that path
+    for path in theirs:
+        for parent in path.parents:
+            if parent in folders:
+                break  # its own parents are there too
+            folders[parent] = path
+    taken = []
+    for path, key in mine.written.items():
+        if path in theirs:
+            taken.append(f"{mine.shown(path)} (job {key}) is already written by {theirs[path]}")
+        elif path in folders:
+            below = folders[path]
+            taken.append(f"{mine.shown(path)} (job {key}) is a folder of {mine.shown(below)}, written by "
+                         f"{theirs[below]}")
+        elif (above := next((p for p in path.parents if p in theirs), None)) is not None:
+            taken.append(f"{mine.shown(path)} (job {key}) lies inside {mine.shown(above)}, which is written by "
+                         f"{theirs[above]}")
+    return sorted(taken)
+
+
+def _claimed(root: Path, skip: str | None) -> dict[Path, str]:
+    """Every path the manifests of `root` own (their files, sidecars and the records folder itself) -> its owner
+    in words; the manifest named `skip` left out.
+
+    # Raises: ClaimsUnknown (a manifest's claims cannot be read), StorageFault (the records cannot be listed).
+    """
+    records = root / storage.RECORDS_DIR
+    where = "" if skip is not None else f" in output root {root}"
+    owned = {records: f"the farm's records of output root {root}"}
+    try:
+        entries = sorted(os.scandir(records), key=lambda e: e.name)
+    except FileNotFoundError:
+        return owned
+    except OSError as err:
+        raise StorageFault(f"cannot list {records}: {err.strerror or err}; the files its manifests claim are unknown "
+                           "(fix its permissions)") from err
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name == skip:
+            continue  # the lock and other hidden files: no manifest is named so
+        folder = Path(entry.path)
+        if not entry.is_dir(follow_symlinks=False):
+            raise ClaimsUnknown(f"{folder} is not a records folder the farm made (a link or a file), so the files "
+                                f"it stands for are unknown; remove it")
+        files, manifest = _records_files(root, folder)
+        owner = f"manifest {manifest.get('name', entry.name)!r} ({manifest.get('path', 'path unknown')}){where}"
+        owned |= dict(_written((path, f"job {key} of {owner}") for path, key in files))
+    return owned
+
+
+def _records_files(root: Path, folder: Path) -> tuple[list[tuple[Path, str]], dict]:
+    """The real paths of the files a manifest's records say it writes, with their job keys, and its manifest entry
+    (path, name): from its claims, else from its state; none when its folder holds nothing but a lease.
+
+    # Raises: ClaimsUnknown naming both records and the fix.
+    """
+    record, claims_problem = storage.read_record(folder / CLAIMS_FILE)
+    files = record.get("files") if record is not None else None
+    if isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        return [(root / rel, key) for rel, key in files.items()], _manifest_entry(record)
+    claims_problem = claims_problem or (f"{folder / CLAIMS_FILE} " + (
+        "is missing" if record is None else "is not a claims record (no mapping of files)"))
+    state = storage.read_state(root, folder.name)
+    if state is not None and "unreadable" not in state and "damaged" not in state:
+        return ([(_real(path), key) for key, entry in state["jobs"].items() for path in storage.state_files(entry)],
+                _manifest_entry(state))
+    if state is None and _holds_nothing(folder):
+        return [], {}
+    state_problem = "missing" if state is None else state.get("unreadable") or state.get("damaged")
+    raise ClaimsUnknown(
+        f"{claims_problem}; and the manifest's state cannot stand in for it "
+        f"({storage.state_path(root, folder.name)}: {state_problem}): the files manifest {folder.name!r} writes "
+        f"are unknown, so no manifest of {root} may claim any until they are known again; run farm submit of "
+        f"manifest {folder.name!r} to write its claims again, or, if it is retired, remove {folder}/")
+
+
+def _manifest_entry(record: dict) -> dict:
+    entry = record.get("manifest")
+    return {k: v for k, v in entry.items() if isinstance(v, str)} if isinstance(entry, dict) else {}
+
+
+def _real(path: str) -> Path:
+    """A recorded file where it is really written (its folders' symlinks resolved, as `wanted` resolves)."""
+    path = Path(path)
+    return path.parent.resolve() / path.name
+
+
+def _holds_nothing(folder: Path) -> bool:
+    """A records folder with no record but a lease (and temp files): a driver between taking its lease and writing
+    its claims (which it writes under the lock, after the claims read here), or one that stopped there."""
+    try:
+        return all(name == lease.LEASE_FILE or name.startswith(".") for name in os.listdir(folder))  # "." : temps
+    except OSError:
+        return False

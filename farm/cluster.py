@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 from ray._common.utils import get_default_system_temp_dir  # where Ray puts its sessions: no public API
+from ray._private import ray_constants  # whether a node may join others: no public API
 from ray._private import worker as ray_worker  # its log printer: there is no public hook for it
 
 try:  # Ray's token lookup; there is no public API for it
@@ -28,6 +29,7 @@ try:  # Ray's token lookup; there is no public API for it
 except ImportError:  # a Ray without token authentication
     authentication_token_setup = None
 
+from farm import terminal
 from farm.errors import ClusterError
 from farm.job import ModelSpec
 from farm.scheduler import Capacity, Launch
@@ -72,7 +74,10 @@ def connect(address: str | None) -> Connection:
             # cluster gets a folder of its own, removed with it.
             temp_dir = Path(tempfile.mkdtemp(prefix="farm-"))
             # Ray keeps its sessions (logs, sockets) where they would go without it: Ray reads $TMPDIR for them.
-            with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir()):
+            # The cluster is this machine's alone, so every port it opens (the metrics port, which answers anyone
+            # without authentication, the GCS, the raylet) listens on loopback only (`_loopback_only`).
+            with _environment(TMPDIR=str(temp_dir), RAY_TMPDIR=get_default_system_temp_dir(),
+                              **{ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}), _loopback_only():
                 # "local": a new cluster even when one started by `ray start` runs on this machine (plain
                 # ray.init() would join the newest of those instead).
                 context = ray.init(address="local", include_dashboard=True, dashboard_host="127.0.0.1")
@@ -91,6 +96,20 @@ def connect(address: str | None) -> Connection:
         [sys.executable, "-m", "farm.reaper", str(os.getpid()), str(temp_dir)], start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return Connection(owned=True, dashboard_url=f"http://{url}" if url else None, reaper=reaper, temp_dir=temp_dir)
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Ray starts a cluster on 127.0.0.1 when it runs as a single machine's (its rule on macOS and Windows:
+    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`): the node's address is then loopback, and its metrics agent binds
+    there instead of on every interface. Ray reads that variable once, at import, so the driver's copy is set
+    meanwhile too; the processes it starts read the variable itself."""
+    previous = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = previous
 
 
 @contextlib.contextmanager
@@ -133,14 +152,16 @@ def _forward_worker_logs_only() -> None:
     """Ray prints in the driver what every node sends it: its workers' log lines (a job's traceback is the
     user's to see) and its raylets' (their stderr, and notices such as a dead raylet's last log lines, pages of
     `[state-dump]`). The raylets' are dropped: a lost node is the run's one `node_lost` line, and a worker's
-    death reaches the events log as its job's error. Both kinds pass through one printer, wrapped here once."""
+    death reaches the events log as its job's error. Both kinds pass through one printer, wrapped here once, which
+    also shows a worker's lines through `terminal.escape`."""
     printer = ray_worker.print_worker_logs
     if getattr(printer, "drops_raylet_lines", False):
         return
 
     def print_worker_logs(data: dict, print_file: Any, ignore_prefix: bool = False) -> None:
-        if data.get("pid") != "raylet":
-            printer(data, print_file, ignore_prefix)
+        if data.get("pid") != "raylet":  # a worker's lines may quote a prompt: shown as the farm's own lines are
+            printer({**data, "lines": [terminal.escape(line) for line in data.get("lines", [])]}, print_file,
+                    ignore_prefix)
 
     print_worker_logs.drops_raylet_lines = True
     ray_worker.print_worker_logs = print_worker_logs
@@ -178,13 +199,15 @@ def _gpus(accelerator_type: str | None) -> int:
     return total
 
 
-def plan_workers(workers: int | None, accelerator_type: str | None, max_workers: int | None = None,
-                 jobs: int = 0) -> WorkerPlan:
-    """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs.
-    With `max_workers`, GPU workers for min(`jobs`, `max_workers`) whatever GPUs the cluster has now: the
-    workers still waiting for a GPU are the demand Ray's autoscaler adds nodes for.
+def plan_workers(workers: int | None, accelerator_type: str | None, max_workers: int | None = None, *,
+                 jobs: int) -> WorkerPlan:
+    """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs, each
+    with a whole CPU at least. With `max_workers`, GPU workers for min(`jobs`, `max_workers`) whatever GPUs the
+    cluster has now: the workers still waiting for a GPU are the demand Ray's autoscaler adds nodes for. Never
+    more workers than `jobs` (more would render nothing), and a count the cluster cannot hold is refused here,
+    before the driver makes a slot for any.
 
-    # Raises: ClusterError when asked for a GPU type or count the cluster does not have.
+    # Raises: ClusterError when asked for a GPU type, GPU count or CPU count the cluster does not have.
     """
     if max_workers:
         return WorkerPlan(min(jobs, max_workers), 1, 1, accelerator_type)
@@ -193,12 +216,15 @@ def plan_workers(workers: int | None, accelerator_type: str | None, max_workers:
         raise ClusterError(f"no {accelerator_type} GPUs in the cluster (--accelerator-type {accelerator_type})")
     if gpus:
         if workers and workers > gpus:
-            raise ClusterError(f"--workers {workers} asks for more GPU workers than the cluster's {gpus} GPUs")
-        return WorkerPlan(workers or gpus, 1, 1, accelerator_type)
-    count = workers or 1
+            raise ClusterError(f"--workers {workers:,} asks for more GPU workers than the cluster's {gpus} GPUs")
+        return WorkerPlan(min(workers or gpus, jobs), 1, 1, accelerator_type)
+    cores = int(ray.cluster_resources().get("CPU", 1))
+    if workers and workers > max(cores, 1):
+        raise ClusterError(f"--workers {workers:,} asks for more CPU workers than the cluster's {cores} CPUs (each "
+                           f"takes one CPU at least); use --workers {max(cores, 1)} or fewer")
+    count = min(workers or 1, jobs)
     # CPU workers split the cores, so torch's threads in one worker do not fight another's.
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // count)
-    return WorkerPlan(count, 0, cpus, None)
+    return WorkerPlan(count, 0, max(1, cores // count), None)
 
 
 def capacity(plan: WorkerPlan, workers: int | None, max_workers: int | None) -> Capacity | None:

@@ -167,7 +167,7 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
     log = RunLog(storage.events_path(manifest.output_root, manifest.name), report.run_id, len(todo),
                  progress=options.progress)
     try:
-        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, len(todo))
+        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo))
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
                   "root": manifest.output_root}
         settings = Settings(options.init_failure_budget, options.start_timeout,
@@ -175,7 +175,7 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
                  workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
         scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
-                              settings, log, RunMetrics(manifest.name),
+                              settings, log, RunMetrics(manifest.name, len(todo)),
                               cluster.capacity(plan, options.workers, options.max_workers))
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted

@@ -31,7 +31,7 @@ from cosmos3.rules import request as requests
 from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
 from cosmos3.rules.load_options import LoadOptions
 from cosmos3.rules.request import RenderRequest, RequestRules, shown
-from farm import document, fields, fingerprint, storage
+from farm import document, fields, fingerprint, storage, terminal
 from farm import template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
@@ -194,7 +194,7 @@ class _Resolver:
             return None
         root = self.base / value
         if not root.is_dir():
-            self.error(where, f"{value} is not a directory (resolved to {root})")
+            self.error(where, f"{terminal.escape(value)} is not a directory (resolved to {terminal.escape(str(root))})")
             return None
         root = root.resolve()
         try:
@@ -223,6 +223,9 @@ class _Resolver:
         template = self._value(raw, ("output", "path"), fields.text(required=True), templates.DEFAULT)
         if template is not None and not self._template_ok(template):
             template = None
+        if root is not None and (character := terminal.acting(root)) is not None:
+            self.error(("output", "root"), f"{root!r} holds {character}, {terminal.NOT_A_NAME}")
+            root = None
         if root is None:
             return None, template
         resolved = (self.base / root).resolve()

@@ -192,17 +192,38 @@ def name_max(folder: str | Path) -> int:
         return 255  # POSIX's NAME_MAX where the file system does not say
 
 
+def path_max() -> int:
+    """The longest path, in bytes with its closing NUL, that the system's calls take (PATH_MAX, 4096 on Linux)."""
+    try:
+        return os.pathconf("/", "PC_PATH_MAX")
+    except (OSError, ValueError):
+        return 4096
+
+
+def too_long(path: str | Path) -> str | None:
+    """Why the system would refuse `path` with ENAMETOOLONG as a whole (its bytes against PATH_MAX); None when it
+    fits. Each name's own limit (NAME_MAX) is the file system's: `name_max`."""
+    size, limit = len(os.fsencode(path)), path_max()
+    if size >= limit:
+        return f"the path is {size:,} bytes; the system takes paths of at most {limit - 1:,} (PATH_MAX)"
+    return None
+
+
 def unwritable(root: Path, final: Path, limit: int) -> str | None:
     """Why `final` (a file a job publishes, under `root`) could not be published, seen before anything renders;
     None when nothing is in the way. Checked: each name against the file system's limit of `limit` bytes, the
-    longest the farm makes from it included (its sidecar's temp file); a folder, or anything but a file or a
-    link, where the file or its sidecar goes; a file where a folder must go."""
-    longest = temp_path(sidecar_path(final)).name
-    for part in (*final.relative_to(root).parts[:-1], longest):
+    longest the farm makes from it included (its sidecar's temp file), and that temp file's whole path against
+    PATH_MAX; a folder, or anything but a file or a link, where the file or its sidecar goes; a file where a folder
+    must go."""
+    longest = temp_path(sidecar_path(final))
+    for part in (*final.relative_to(root).parts[:-1], longest.name):
         if len(part.encode()) > limit:
-            shown = "the file name" if part == longest else f"the folder name {part[:40]}..."
+            shown = "the file name" if part == longest.name else f"the folder name {part[:40]}..."
             return (f"{shown} is {len(part.encode())} bytes with the farm's temp and sidecar suffixes; the file "
                     f"system allows {limit} (shorten the job id or output.path)")
+    if problem := too_long(longest):
+        return (f"with the farm's temp and sidecar suffixes {problem} (shorten output.path or pick an output.root "
+                "nearer /)")
     for folder in final.relative_to(root).parents:
         where = root / folder
         if where.exists() and not where.is_dir():

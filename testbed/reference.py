@@ -11,7 +11,7 @@ from diffusers import Cosmos3OmniTransformer
 
 from cosmos3.diffusers_model import load_diffusers_transformer, reference_forward
 
-__all__ = ["TINY", "tiny_reference", "reference_forward", "diffusers_pipeline"]
+__all__ = ["TINY", "SUPER_SHAPED", "tiny_reference", "reference_forward", "diffusers_pipeline"]
 
 TINY = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -19,6 +19,10 @@ TINY = dict(
     rope_scaling={"mrope_interleaved": True, "mrope_section": [4, 2, 2], "rope_type": "default"},
     rope_theta=10000.0, sound_gen=False, action_gen=False,
 )
+
+# Super's head layout at TINY's head_dim: Nano's query width equals its hidden size (32 x 128 = 4096) in groups of 4;
+# Super's is above it (64 x 128 = 8192 > 5120) in groups of 8, intermediate 5x hidden (docs/models.md).
+SUPER_SHAPED = dict(hidden_size=48, num_attention_heads=8, num_key_value_heads=1, intermediate_size=240)
 
 
 def tiny_reference(seed: int = 0, **overrides) -> Cosmos3OmniTransformer:

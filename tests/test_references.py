@@ -1,5 +1,5 @@
 """Every reference in the code and the docs points at something in this repository that exists: relative links
-(and their anchors), section numbers (`docs/model.md` followed by a section sign and a number), repository paths,
+(and their anchors), section numbers (`docs/checkpoints.md` followed by a section sign and a number), repository paths,
 the results files and benchmarks named bare, and a document's section named in quotes."""
 
 from __future__ import annotations
@@ -45,18 +45,22 @@ def headings(path: Path) -> list[str]:
     return HEADING.findall(text)
 
 
-def resolve_document(name: str, source: Path) -> Path | None:
-    """A document named in `source`: relative to it, to the repository, or under docs/ and benchmarks/results/."""
+def named_parts(path: Path) -> list[str]:
+    """What a quote may name in a document: its headings and the bold words that open its list items."""
+    return headings(path) + re.findall(r"^\s*- \*\*(.+?)\*\*", path.read_text(), flags=re.M)
+
+
+def documents(name: str, source: Path) -> list[Path]:
+    """The documents a name in `source` may mean: from the repository's root (where code names paths from), beside
+    `source` (a page's sibling), or under docs/ and benchmarks/results/ (a page or a results file named bare)."""
     if name == "README":
         name = "README.md"
-    for base in (source.parent, ROOT, ROOT / "docs", ROOT / "benchmarks" / "results"):
-        if (base / name).is_file():
-            return base / name
-    return None
+    bases = (ROOT, source.parent, ROOT / "docs", ROOT / "benchmarks" / "results")
+    return list(dict.fromkeys(base / name for base in bases if (base / name).is_file()))
 
 
-def has_section(document: Path, number: str) -> bool:
-    return any(re.match(rf"{re.escape(number)}[.\s]", title) for title in headings(document))
+def has_section(candidates: list[Path], number: str) -> bool:
+    return any(re.match(rf"{re.escape(number)}[.\s]", title) for path in candidates for title in headings(path))
 
 
 def link_problems(path: Path, text: str) -> list[str]:
@@ -78,14 +82,14 @@ def section_problems(path: Path, line: str) -> list[str]:
     found = []
     events = sorted([(m.start(), "doc", m.group(1)) for m in DOCUMENT.finditer(line)]
                     + [(m.start(), "section", m.group(1)) for m in SECTION_NUMBER.finditer(line)])
-    document = path if path.suffix == ".md" else None  # a page's own sections need no name
+    named, candidates = (path.name, [path]) if path.suffix == ".md" else (None, [])  # a page's own sections
     for _, kind, value in events:
         if kind == "doc":
-            document = resolve_document(value, path)
-        elif document is None:
+            named, candidates = value, documents(value, path)
+        elif not candidates:
             found.append(f"{SECTION}{value} names no document of this repository before it")
-        elif not has_section(document, value):
-            found.append(f"{SECTION}{value}: {document.relative_to(ROOT)} has no section {value}")
+        elif not has_section(candidates, value):
+            found.append(f"{SECTION}{value}: {named} has no section {value}")
     return found
 
 
@@ -105,12 +109,12 @@ def path_problems(path: Path, line: str) -> list[str]:
         if name.endswith(".py"):
             exists = (ROOT / "benchmarks" / name).is_file()
         else:
-            exists = resolve_document(name, path) is not None
+            exists = bool(documents(name, path))
         if not exists:
             found.append(f"{name}: no such document or benchmark")
     for document, title in NAMED_SECTION.findall(line):
-        target = resolve_document(document, path)
-        if target is not None and not any(title.lower() in h.lower() for h in headings(target)):
+        candidates = documents(document, path)
+        if candidates and not any(title.lower() in part.lower() for c in candidates for part in named_parts(c)):
             found.append(f"{document} has no section {title!r}")
     return found
 
@@ -125,14 +129,14 @@ def problems(path: Path) -> list[str]:
 
 def test_every_reference_resolves():
     files = tracked_files()
-    assert ROOT / "docs" / "model.md" in files
+    assert ROOT / "docs" / "checkpoints.md" in files
     broken = {str(p.relative_to(ROOT)): found for p in files if p != Path(__file__) and (found := problems(p))}
     assert broken == {}
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("see docs/model.md \u00a74.2 and \u00a76", []),
-    ("see docs/model.md \u00a79", ["line 1: \u00a79: docs/model.md has no section 9"]),
+    ("see docs/checkpoints.md \u00a74.2 and \u00a76", []),
+    ("see docs/checkpoints.md \u00a79", ["line 1: \u00a79: docs/checkpoints.md has no section 9"]),
     ("see reference \u00a72.1", ["line 1: \u00a72.1 names no document of this repository before it"]),
     ("run cosmos3/ops_loader.py", ["line 1: cosmos3/ops_loader.py: no such file or folder"]),
     ("in `h200-fp8.md` and `bench_ops.py`", []),

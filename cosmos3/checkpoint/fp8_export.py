@@ -11,7 +11,7 @@
 3. ``modelopt.torch.export.export_hf_checkpoint`` writes ``transformer/`` (its diffusers path:
    e4m3 weights, 0-d fp32 ``weight_scale``/``input_scale``, ``quantization_config`` with the
    ``ignore`` list); the other components are copied unchanged.
-4. The ``diffusion_step_policy`` goes into ``quantization_config.runtime`` (docs/model.md §6).
+4. The ``diffusion_step_policy`` goes into ``quantization_config.runtime`` (docs/checkpoints.md §6).
 
 Recipes: ``cosmos`` also excludes ``proj_in`` and the ``time_embedder``, as the published FP8
 checkpoints do; ``stock`` is ModelOpt's config unchanged, as its diffusers example runs it (proj_in

@@ -36,6 +36,7 @@ class SeaCacheSettings:
 DEFAULT_CACHE: Any = "seacache"
 
 _WHOLE = ("max_consecutive", "retention_steps", "end_steps")
+_REAL = ("threshold", "power_exp")  # read as floats: `power_exp: 3` is the published 3.0
 # Bounds that keep a typo from reading as a setting: no schedule has more steps than a scheduler's 1,000 training
 # timesteps, and a budget above 10 (40 times the published one) is no setting anyone has measured.
 MAX_WHOLE = 1000
@@ -78,7 +79,9 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
     params = {name: v for name, v in value.items() if name in known}
     found += [(f"cache.{name}", problem) for name, v in params.items()
               if (problem := _parameter_problem(name, v)) is not None]
-    return (None if found else SeaCacheSettings(**params)), found
+    if found:
+        return None, found
+    return SeaCacheSettings(**{name: float(v) if name in _REAL else v for name, v in params.items()}), found
 
 
 def cache_runs_on(frames: int) -> bool:
@@ -91,6 +94,16 @@ def cache_runs_on(frames: int) -> bool:
 def cache_problems(value: Any) -> list[Problem]:
     """Every problem of the ``cache`` option ``value``, as (field, message) pairs."""
     return _read(value)[1]
+
+
+def cache_identity(value: Any) -> Any:
+    """The one spelling of a valid ``cache`` option, for hashing: ``off``; ``seacache`` for the published settings
+    however they are written (``seacache``, ``{method: seacache}``, every published value written out); else
+    every setting written out (``SeaCacheSettings.describe``). Raises ``ConfigError`` as ``parse_cache``."""
+    settings = parse_cache(value)
+    if settings is None:
+        return "off"
+    return "seacache" if settings == SeaCacheSettings() else settings.describe()
 
 
 def parse_cache(value: Any) -> SeaCacheSettings | None:

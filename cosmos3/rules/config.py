@@ -20,7 +20,7 @@ from cosmos3.errors import ConfigError
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """The parts of ``quantization_config`` that decide how Linears compute (docs/model.md §5.3)."""
+    """The parts of ``quantization_config`` that decide how Linears compute (docs/checkpoints.md §5.3)."""
 
     quant_method: str
     quant_algo: str
@@ -114,7 +114,7 @@ def uses_static_fp8(config: Cosmos3Config | QuantConfig | dict | None) -> bool:
 
 @dataclass(frozen=True)
 class Cosmos3Config:
-    """``Cosmos3OmniTransformer`` config.json; defaults are the published Nano values (docs/model.md §2)."""
+    """``Cosmos3OmniTransformer`` config.json; defaults are the published Nano values (docs/checkpoints.md §2)."""
 
     hidden_size: int = 4096
     intermediate_size: int = 12288

@@ -1,5 +1,5 @@
-"""A prompt's conversation, exactly as the published Cosmos3 pipeline lays it out (docs/model.md §4.1), and its token
-budget (``TextBudget``), torch-free; ``cosmos3.prompt_tokenizer`` turns it into token ids.
+"""A prompt's conversation, exactly as the published Cosmos3 pipeline lays it out (docs/checkpoints.md §4.1), and
+its token budget (``TextBudget``), torch-free; ``cosmos3.prompt_tokenizer`` turns it into token ids.
 
 Cosmos3 has no text encoder: the transformer embeds raw token ids with its own ``embed_tokens``.
 Each branch of classifier-free guidance gets one chat-templated conversation (system prompt + user

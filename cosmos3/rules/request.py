@@ -1,4 +1,4 @@
-"""A render request, its task defaults (docs/model.md §4.3) and its validation.
+"""A render request, its task defaults (docs/checkpoints.md §4.3) and its validation.
 
 ``RenderRequest`` is what callers fill in (``None`` = task default); ``resolve()`` turns it into a
 fully concrete ``RenderPlan`` or raises one ``PipelineError`` that lists every problem with its fix.
@@ -18,6 +18,7 @@ from typing import Any
 from cosmos3.errors import PipelineError, Problem
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, check_vae_dir
 from cosmos3.rules.config import TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
+from cosmos3.rules.model_card import IMAGE_ONLY_TAG, MODEL_CARD, tasks_of
 from cosmos3.rules.prompt import PromptSpec, TextBudget
 from cosmos3.rules.sampling import SamplingRecipe, load_recipe
 
@@ -112,6 +113,7 @@ class RequestRules:
     patch_size: int  # latent cells per GEN token side (transformer latent_patch_size)
     text: TextBudget  # counts a prompt's tokens as the worker's tokenizer does, and holds their limit
     sound: SoundSupport = NO_SOUND
+    tasks: tuple[str, ...] = TASKS  # what the build renders (rules.model_card): t2i alone for an image-only build
 
     @classmethod
     def from_checkpoint(cls, root: str | Path, transformer: Cosmos3Config | None = None) -> RequestRules:
@@ -126,7 +128,8 @@ class RequestRules:
             transformer = Cosmos3Config.from_json(Path(root) / "transformer" / "config.json")
         vae = check_vae_dir(Path(root) / VAE_DIR, transformer.latent_channel)
         return cls(load_recipe(root), vae.spatial_factor, vae.temporal_factor, transformer.latent_patch_size,
-                   TextBudget.from_dir(Path(root) / TEXT_TOKENIZER_DIR), check_sound_dir(root, transformer))
+                   TextBudget.from_dir(Path(root) / TEXT_TOKENIZER_DIR), check_sound_dir(root, transformer),
+                   tasks_of(root, TASKS))
 
 
 @dataclass(frozen=True)
@@ -363,6 +366,9 @@ def problems(request: RenderRequest, rules: RequestRules) -> list[Problem]:
     """Every problem of ``request`` on this checkpoint, as (field, message) pairs; empty when it renders."""
     if request.task not in TASKS:
         return [("task", f"{request.task!r} is not one of {', '.join(TASKS)}")]
+    if request.task not in rules.tasks:
+        return [("task", f"this checkpoint renders {', '.join(rules.tasks)} only (its {MODEL_CARD} says pipeline_tag: "
+                         f"{IMAGE_ONLY_TAG}), so task {request.task} is refused; use task t2i, or a video build")]
     defaults = TASK_DEFAULTS[request.task]
     fps, seed = _or(request.fps, defaults.fps), request.seed
     found = [

@@ -1,5 +1,5 @@
-"""The denoising loop's sampling recipe, read from the checkpoint's ``scheduler/`` (docs/model.md §4.2), torch-free;
-``cosmos3.scheduler`` builds the scheduler from it.
+"""The denoising loop's sampling recipe, read from the checkpoint's ``scheduler/`` (docs/checkpoints.md §4.2),
+torch-free; ``cosmos3.scheduler`` builds the scheduler from it.
 
 Two recipes exist, told apart by the scheduler config the checkpoint ships:
 

@@ -1,7 +1,7 @@
 """Step-precision denoising: ``quantization_config.runtime.diffusion_step_policy`` (schema v1).
 
 A ModelOpt FP8 video checkpoint names the denoising steps that run W8A16 (FP8 weights, 16-bit
-activations) because its one calibrated activation scale fits them worst (docs/model.md §6). We
+activations) because its one calibrated activation scale fits them worst (docs/checkpoints.md §6). We
 parse the policy strictly — a field we do not understand is an error, never a guess — and
 apply it with the published semantics:
 

@@ -28,7 +28,7 @@ from cosmos3.quant.fp8_static import FP8, FP8_MAX, StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.rules.checkpoint_header import linear_sites
 from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
-from testbed.reference import diffusers_pipeline
+from testbed.reference import SUPER_SHAPED, diffusers_pipeline
 from tests.cosmos3.checkpoint_files import write_sharded
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
@@ -43,7 +43,8 @@ def exports(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8")
     bf16 = make_bf16(root / "bf16")
     return {"bf16": bf16, "cosmos": make_fp8(bf16, root / "cosmos"), "stock": make_fp8(bf16, root / "stock",
-                                                                                         recipe="stock")}
+                                                                                         recipe="stock"),
+            "super-shaped": make_fp8(make_bf16(root / "super-bf16", **SUPER_SHAPED), root / "super-shaped")}
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def loaded_and_file(case, exports, pipeline_export):
     return load_transformer(exports[case]), file_tensors(exports[case])
 
 
-@pytest.mark.parametrize("case", ["cosmos", "stock", "pipeline"])
+@pytest.mark.parametrize("case", ["cosmos", "stock", "pipeline", "super-shaped"])
 def test_every_exported_tensor_loads_bit_for_bit_under_its_own_name(exports, pipeline_export, case):
     model, tensors = loaded_and_file(case, exports, pipeline_export)
     state = model.state_dict()
@@ -150,7 +151,7 @@ def emulated_reference(tensors: dict[str, torch.Tensor], config: dict) -> Cosmos
     return model.eval()
 
 
-@pytest.mark.parametrize("case", ["cosmos", "stock"])
+@pytest.mark.parametrize("case", ["cosmos", "stock", "super-shaped"])
 def test_velocity_equals_an_fp32_emulation_of_the_exported_tensors(exports, case):
     """Our W8A8 (scaled GEMMs on e4m3 operands) against diffusers' model running the dequantized file.
 

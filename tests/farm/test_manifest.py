@@ -96,6 +96,29 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of(still, model={"precision": "bf16"}) != hash_of(still)
 
 
+# The settings Cosmos3's recipes publish, written out as a user copies them from diffusers' SeaCacheConfig.
+PUBLISHED_CACHE = {"method": "seacache", "threshold": 0.25, "max_consecutive": 2, "retention_steps": 1,
+                   "end_steps": 1, "residual_order": 1, "power_exp": 3.0}
+
+
+@pytest.mark.parametrize("same, other", [
+    pytest.param(["seacache", {"method": "seacache"}, PUBLISHED_CACHE, {**PUBLISHED_CACHE, "power_exp": 3}],
+                 {"method": "seacache", "threshold": 0.4}, id="the published settings"),
+    pytest.param([{"method": "seacache", "threshold": 0.4}, {"method": "seacache", "threshold": 0.4, "end_steps": 1},
+                  {**PUBLISHED_CACHE, "threshold": 0.4}], "seacache", id="a threshold of its own"),
+    pytest.param(["off", False], "seacache", id="off"),
+])
+def test_one_cache_setting_hashes_the_same_however_it_is_written(tmp_path, same, other):
+    def hash_of(cache) -> str:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        path = write_manifest(folder, [{"id": "a", "prompt": "x"}], model={"cache": cache})
+        return manifest.load(path).jobs[0].config_hash
+
+    hashes = {hash_of(cache) for cache in same}
+    assert len(hashes) == 1 and hash_of(other) not in hashes
+
+
 def test_sound_follows_the_checkpoint_and_a_wav_sits_beside_its_mp4(tmp_path):
     jobs = [{"id": "clip", "prompt": "a", "outputs": ["mp4", "wav"]}, {"id": "silent", "prompt": "b", "sound": False},
             {"id": "still", "task": "t2i", "prompt": "c"}]

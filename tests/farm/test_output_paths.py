@@ -3,6 +3,7 @@ half-way leaves no media without its sidecar (issue 49, defects 5 and 6)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,27 @@ def test_a_sidecar_that_cannot_be_published_takes_its_media_back(tmp_path):
             storage.sidecar_path(job.media).mkdir()  # appears after validate, before the sidecar
             publication.json(storage.sidecar_path(job.media), {"key": "a"})
     assert not Path(job.media).exists() and not storage.is_done(job)
+
+
+def test_a_media_path_that_fits_name_max_but_not_path_max_with_its_temp_name_is_refused_at_validate(tmp_path):
+    root = tmp_path / "out"
+    # Folders of 200 bytes, then a file name that brings the media's path to 20 bytes under PATH_MAX: every name
+    # fits, the media's path fits, and its sidecar's temp file (`.NAME.json.<16 hex>.tmp`, 27 bytes more) does not.
+    media_bytes = storage.path_max() - 20
+    folders = "/".join(["d" * 200] * ((media_bytes - len(str(root)) - 150) // 201))
+    stem = "x" * (media_bytes - len(f"{root}/{folders}/") - len("_s0.mp4"))
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}], output={"path": f"{folders}/{stem}_s{{seed}}"})
+    with pytest.raises(ManifestError, match=r"output path: with the farm's temp and sidecar suffixes the path is "
+                                            r"[\d,]+ bytes; the system takes paths of at most 4,095 \(PATH_MAX\)"):
+        manifest.load(path)
+
+
+@pytest.mark.parametrize("name, problem", [
+    pytest.param("a/" * 2100 + "m.yaml", r"the path is 4,2\d\d bytes; the system takes paths of at most 4,095 "
+                                        r"\(PATH_MAX\)", id="over PATH_MAX"),
+    pytest.param("m" * 300 + ".yaml", "a name in it is longer than its file system takes", id="over NAME_MAX"),
+])
+def test_a_manifest_path_too_long_to_open_says_which_limit(tmp_path, capsys, name, problem):
+    assert cli.main(["validate", str(tmp_path / name)]) == 1
+    err = capsys.readouterr().err
+    assert re.search(problem, err) and "Traceback" not in err

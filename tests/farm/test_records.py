@@ -143,7 +143,7 @@ def test_a_publish_finished_when_the_run_stops_is_logged_done(tmp_path, monkeypa
     late, cut = m.jobs
     log = RunLog(tmp_path / "events.jsonl", "run-1", 2, progress=False)
     scheduler = Scheduler([late, cut], launch=None, workers=1, settings=Settings(None), log=log,
-                          metrics=RunMetrics("test"))
+                          metrics=RunMetrics("test", 2))
     monkeypatch.setattr(scheduler, "_kill", lambda slots, running=(): None)  # no actors in this test
     slot = Slot(0)
     scheduler.inflight = {"late-ref": Attempt(late, slot, 1, 0.0, 1e9, publishing=True),
@@ -183,3 +183,20 @@ def test_a_record_that_is_a_fifo_is_reported_never_waited_on(tmp_path):
     os.mkfifo(records / lease.LEASE_FILE)
     refused = farm("submit", str(path), "--no-progress")
     assert refused.returncode == 1 and str(records / lease.LEASE_FILE) in refused.stderr, refused
+
+
+@pytest.mark.parametrize("damaged", ["first", "second"])
+def test_status_keeps_a_damaged_states_note_whichever_row_it_is(tmp_path, capsys, damaged):
+    entry = {"media": str(tmp_path / "x.mp4"), "config_hash": "h", "state": "pending"}
+    for name in ("first", "second"):
+        jobs = {"a": entry, **({"b": {"state": "done"}} if name == damaged else {})}  # b: no media, left out
+        (tmp_path / ".farm" / name).mkdir(parents=True)
+        (tmp_path / ".farm" / name / "state.json").write_text(json.dumps({"run": "r", "result": "complete",
+                                                                          "jobs": jobs}))
+    assert cli.main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    note = f"{damaged}: {tmp_path / '.farm' / damaged / 'state.json'} has 1 job entries that are not mappings"
+    assert note in out and out.count("has 1 job entries") == 1
+    assert cli.main(["status", str(tmp_path), "--output", "json"]) == 0
+    rows = {row["manifest"]: row for row in json.loads(capsys.readouterr().out)["manifests"]}
+    assert [name for name, row in rows.items() if "damaged" in row] == [damaged]

@@ -333,14 +333,25 @@ def test_temp_files_of_a_crashed_earlier_run_are_swept(tmp_path):
 
 
 def test_one_worker_per_gpu_and_refusals_for_what_the_cluster_lacks():
-    assert cluster_module.plan_workers(None, None) == cluster_module.WorkerPlan(GPUS, 1, 1, None)
-    assert cluster_module.plan_workers(1, None).count == 1
+    assert cluster_module.plan_workers(None, None, jobs=10) == cluster_module.WorkerPlan(GPUS, 1, 1, None)
+    assert cluster_module.plan_workers(1, None, jobs=10).count == 1
+    assert cluster_module.plan_workers(None, None, jobs=1).count == 1  # a worker without a job renders nothing
     with pytest.raises(ClusterError, match="more GPU workers than the cluster's 2 GPUs"):
-        cluster_module.plan_workers(GPUS + 1, None)
+        cluster_module.plan_workers(GPUS + 1, None, jobs=10)
     with pytest.raises(ClusterError, match="no B200 GPUs in the cluster"):
-        cluster_module.plan_workers(None, "B200")
+        cluster_module.plan_workers(None, "B200", jobs=10)
+
+
+def test_cpu_workers_are_bounded_by_the_jobs_and_refused_beyond_the_cores(monkeypatch):
+    monkeypatch.setattr(cluster_module, "_gpus", lambda accelerator_type: 0)  # this module's cluster, seen GPU-less
+    cores = int(cluster_module.ray.cluster_resources()["CPU"])
+    assert cluster_module.plan_workers(None, None, jobs=3) == cluster_module.WorkerPlan(1, 0, cores, None)
+    assert cluster_module.plan_workers(cores, None, jobs=2) == cluster_module.WorkerPlan(2, 0, cores // 2, None)
+    for workers in (cores + 1, 100_000_000):
+        with pytest.raises(ClusterError, match=f"more CPU workers than the cluster's {cores} CPUs"):
+            cluster_module.plan_workers(workers, None, jobs=workers)
 
 
 def test_accelerator_type_pins_workers_to_that_gpu_model(tmp_path):
-    assert cluster_module.plan_workers(None, "H200").accelerator_type == "H200"
+    assert cluster_module.plan_workers(None, "H200", jobs=1).accelerator_type == "H200"
     assert _submit(write_manifest(tmp_path, [{"id": "a", "prompt": "x"}]), accelerator_type="H200").ok
