@@ -35,7 +35,7 @@ from cosmos3.background_build import BackgroundBuild
 from cosmos3.cuda_graphs import enable_cuda_graphs
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt_tokenizer import PromptTokenizer
-from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, cache_runs_on, parse_cache
+from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
 from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.rules.load_options import Precision
@@ -135,7 +135,7 @@ class Cosmos3Pipeline:
         tasks: tuple[str, ...] = TASKS,
     ):
         self.model = model
-        self.cache = cache  # the step cache clips run (None: every step computes)
+        self.cache = cache  # the step cache stills and clips run (None: every step computes)
         self._vae = vae
         self.tokenizer = tokenizer
         self.recipe = recipe
@@ -193,7 +193,7 @@ class Cosmos3Pipeline:
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``, ``step_precision``,
         ``attention``, ``fp8_accumulation`` and ``parallel`` are ``cosmos3.rules.load_options.LoadOptions`` (checked by
-        ``load_transformer``). ``cache``: the step cache clips run (``off``, ``seacache`` or its parameters,
+        ``load_transformer``). ``cache``: the step cache renders run (``off``, ``seacache`` or its parameters,
         cosmos3.rules.cache_options; checked first). ``model``: a transformer to drive instead of loading ours (FP8
         calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop, uncached).
 
@@ -431,9 +431,9 @@ class Cosmos3Pipeline:
         )
 
     def _step_cache(self, plan: RenderPlan, scheduler) -> StepCache | None:
-        """The job's step cache: clips (cache_options.cache_runs_on) on the base sampler only; a distilled schedule has
-        four steps, re-noised. A step policy's W8A16 edge steps are always computed."""
-        if self.cache is None or not cache_runs_on(plan.frames) or self.recipe.is_distilled:
+        """The job's step cache, stills and clips alike (cache_options says why), on the base sampler only: a distilled
+        schedule has four steps, re-noised. A step policy's W8A16 edge steps are always computed."""
+        if self.cache is None or self.recipe.is_distilled:
             return None
         n = len(scheduler.timesteps)
         controller = getattr(self.model, "step_controller", None)

@@ -138,7 +138,7 @@ def test_every_reference_resolves():
     ("see docs/checkpoints.md \u00a74.2 and \u00a76", []),
     ("see docs/checkpoints.md \u00a79", ["line 1: \u00a79: docs/checkpoints.md has no section 9"]),
     ("see reference \u00a72.1", ["line 1: \u00a72.1 names no document of this repository before it"]),
-    ("run cosmos3/ops_loader.py", ["line 1: cosmos3/ops_loader.py: no such file or folder"]),
+    ("run cosmos3/missing.py", ["line 1: cosmos3/missing.py: no such file or folder"]),
     ("in `h200-fp8.md` and `bench_ops.py`", []),
     ("in `h200-nothing.md`", ["line 1: h200-nothing.md: no such document or benchmark"]),
     ("README, 'GPU cluster'", ["line 1: README has no section 'GPU cluster'"]),

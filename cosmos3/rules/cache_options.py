@@ -84,11 +84,24 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
     return SeaCacheSettings(**{name: float(v) if name in _REAL else v for name, v in params.items()}), found
 
 
-def cache_runs_on(frames: int) -> bool:
-    """Whether a render of ``frames`` frames runs the step cache: clips only. On the H200 a still's cached step
-    (its embedding, readout and indicator, eager) costs a fifth of its graphed computed step, a clip's 0.2%
-    (benchmarks/results/h200-step-cache.md), so stills compute every step and their setting changes no pixel."""
-    return frames > 1
+# Where the step cache runs: stills and clips alike (a distilled schedule's four re-noised steps never run it: the
+# pipeline's rule). Decided per task from what a cached step saves, measured: on the toy the default caches 40% of a
+# still's steps at PSNR median 50.5, min 42.8 dB (every prompt shown) and 35% of a clip's at min 53.8 dB
+# (benchmarks/results/cpu-step-cache.md); on the H200 a cached step costs 19-20% of a graphed computed still step and
+# 0.23% of a clip's (h200-step-cache.md). So a still's denoising falls by ~32% (40% of its steps at a fifth of their
+# cost; 1.44 -> 1.02 s with 20 of 50 cached) and a clip's by ~35%: both pay.
+#
+# The config hash records a still's setting apart from a clip's: stills ran every step until the cache ran on them,
+# and hashed the default's identity whatever their manifest said; their entry now never equals that, so a still
+# rendered uncached is not done and renders again (README, "Upgrade notes").
+STILLS_KEY = "stills"
+
+
+def hashed_cache(value: Any, frames: int) -> Any:
+    """What a job's config hash records of its ``cache`` option for a render of ``frames`` frames: its identity
+    (``cache_identity``), a still's under STILLS_KEY. Raises ``ConfigError`` as ``parse_cache``."""
+    identity = cache_identity(value)
+    return identity if frames > 1 else {STILLS_KEY: identity}
 
 
 def cache_problems(value: Any) -> list[Problem]:

@@ -249,14 +249,15 @@ def test_a_bad_cache_option_fails_from_pretrained_before_loading(root):
 # -- composition --------------------------------------------------------------------------------------
 
 
-def test_stills_run_every_step_and_the_sidecar_info_lists_the_steps(root):
+def test_stills_and_clips_run_the_cache_and_the_sidecar_info_lists_the_steps(root):
     pipe = pipe_of(root)
-    still = pipe(RenderRequest(task="t2i", prompt=PROMPT, width=32, height=32, steps=6))
-    assert still.info["cache"] is None
     clip = pipe(request("t2v"))
     info = clip.info["cache"]
     assert info["method"] == "seacache" and info["threshold"] == 0.25
     assert sorted(info["computed"] + info["cached"]) == list(range(STEPS)) and info["cached"]
+    pipe.cache = SeaCacheSettings(threshold=10.0, max_consecutive=0)  # a budget nothing reaches: all but the ends
+    still = pipe(RenderRequest(task="t2i", prompt=PROMPT, width=32, height=32, steps=6)).info["cache"]
+    assert (still["computed"], still["cached"]) == ([0, 5], [1, 2, 3, 4])
 
 
 def test_step_precision_edge_steps_are_always_computed(root):

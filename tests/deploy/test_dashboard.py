@@ -5,10 +5,16 @@ A Prometheus (the `prometheus` binary; Debian's package) scrapes a Ray cluster w
 docs/deploy/prometheus.yml, its target the cluster's metrics port, while the farm renders a small manifest of the
 toy checkpoint on two CPU workers: three stills and one job whose output path is taken by a directory, so its
 publish fails on both of its attempts (one retry). The toy renders on the CPU; each worker is told its GPU is one
-whose NVML readings are scripted (this machine has none), so the GPU panels have series too. Then each panel's
+whose NVML readings are scripted, so the GPU panels have series too; on a CUDA machine the `gpu` run renders on
+up to two GPUs and their telemetry is NVML's (the sampler reads once as each job starts, so every worker that
+rendered has a clock and power series). Then each panel's
 query, with the dashboard's variables at "All" as Grafana sends them, is evaluated over the run as Grafana would
 (a range query) until it returns the label sets the run's own records say it produced (the manifest; the worker
 slots its events name), or a deadline passes. Prometheus and the Ray cluster are stopped also on failure.
+
+The cluster is a local one the test starts (`ray.init(address="local")`, as tests/farm's do) and the driver joins,
+rather than the one `farm submit` starts and ends with its run: the run's counters stay on the metrics port after
+the run, so no scrape has to land before the cluster goes.
 """
 
 from __future__ import annotations
@@ -148,8 +154,14 @@ def _expected(expr: str, slots: set[str]) -> set[frozenset]:
     return {frozenset({"manifest": NAME}.items())}
 
 
-@pytest.fixture(scope="module")
-def observed(tmp_path_factory):
+# Where the toy renders: on the CPU with scripted GPU telemetry, or (`gpu`, on a CUDA machine) on real GPUs whose
+# telemetry NVML reads.
+FACTORIES = [pytest.param(toy_on_a_scripted_gpu, id="cpu-scripted-gpu"),
+             pytest.param(cosmos3_factory, id="gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(scope="module", params=FACTORIES)
+def observed(tmp_path_factory, request):
     """A farm run scraped by Prometheus: (Prometheus, run start, the run's report, the slots that rendered)."""
     folder = tmp_path_factory.mktemp("dashboard")
     doc = {"version": 1, "name": NAME, "model": {"checkpoint": str(TOY)}, "output": {"root": str(folder / "out")},
@@ -169,8 +181,7 @@ def observed(tmp_path_factory):
         _until(lambda: prometheus.api("query", query=f'up{{job="{prometheus.job}"}} == 1')["result"], bool,
                "a first scrape of the cluster", prometheus.alive)
         start = time.time()
-        report = driver.submit(loaded, driver.SubmitOptions(workers=2, factory=toy_on_a_scripted_gpu,
-                                                            progress=False))
+        report = driver.submit(loaded, driver.SubmitOptions(workers=2, factory=request.param, progress=False))
         events = [json.loads(line) for line in (folder / "out" / ".farm" / NAME / "events.jsonl").open()]
         slots = {str(e["slot"]) for e in events if e["event"] == "job_started"}
         yield prometheus, start, report, slots

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import ray
 
+from cosmos3.rules.cache_options import DEFAULT_CACHE, cache_identity, hashed_cache
 from cosmos3.rules.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
@@ -89,11 +90,20 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of(base, model={"cache": "seacache"}) == original
     assert hash_of(base, model={"cache": "off"}) != original
     assert hash_of(base, model={"cache": {"method": "seacache", "threshold": 0.4}}) != original
-    # A still computes every step: no cache setting changes its PNG, so none re-renders it.
+    # Stills run the cache too: each setting is another PNG.
     still = {**base, "task": "t2i"}
     settings = ("seacache", "off", {"method": "seacache", "threshold": 0.4})
-    assert {hash_of(still, model={"cache": cache}) for cache in settings} == {hash_of(still)}
+    assert len({hash_of(still, model={"cache": cache}) for cache in settings}) == 3
     assert hash_of(still, model={"precision": "bf16"}) != hash_of(still)
+
+
+def test_a_stills_cache_is_hashed_apart_from_the_default_uncached_stills_hashed():
+    """Stills once ran every step and hashed DEFAULT_CACHE whatever their manifest said; now that they run the cache,
+    no setting of theirs hashes as that did, so a still rendered uncached is not done."""
+    settings = (DEFAULT_CACHE, "off", {"method": "seacache", "threshold": 0.4})
+    assert all(hashed_cache(cache, 1) != cache_identity(DEFAULT_CACHE) for cache in settings)
+    # clips hash their identity, as before
+    assert [hashed_cache(cache, 5) for cache in settings] == [cache_identity(cache) for cache in settings]
 
 
 # The settings Cosmos3's recipes publish, written out as a user copies them from diffusers' SeaCacheConfig.
