@@ -7,7 +7,7 @@ SNR of the cached sound against the uncached and whether its pitch still names t
 sweep with PSNR, sound SNR and steps saved side by side. Seconds are the GPU's to measure (h200-step-cache.md):
 the toy's steps on a shared CPU time nothing but noise. Stills and clips run the cache alike.
 
-    python benchmarks/bench_step_cache.py [--thresholds 0.1 0.25 0.4] [--default 0.25]
+    python -m benchmarks.bench_step_cache [--thresholds 0.1 0.25 0.4] [--default 0.25]
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cosmos3.cache_options import parse_cache
 from cosmos3.pipeline import Cosmos3Pipeline
-from cosmos3.request import RenderRequest
+from cosmos3.rules.cache_options import parse_cache
+from cosmos3.rules.request import RenderRequest
 from farm import manifest
 from toy import measure, scenes
 

@@ -8,7 +8,7 @@ the peak allocated GiB above the VAE's weights, and the frames' PSNR against dif
 turns them into ``uint8`` (``cosmos3.media.to_uint8_frames``). A tiny decode first measures what a worker's
 warm-up can pay before its first clip.
 
-    python benchmarks/bench_vae_decode.py --out $OUT/vae-decode.json [--frames 189] [--chunks 2 4]
+    python -m benchmarks.bench_vae_decode --out $OUT/vae-decode.json [--frames 189] [--chunks 2 4]
 """
 
 from __future__ import annotations
@@ -16,19 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import GIB, machine  # noqa: E402
-from benchmarks.random_checkpoint import WAN22_VAE  # noqa: E402
-from cosmos3.media import to_uint8_frames  # noqa: E402
-from toy import measure  # noqa: E402
+from benchmarks.common import GIB, machine
+from benchmarks.random_checkpoint import WAN22_VAE
+from cosmos3.media import to_uint8_frames
+from toy import measure
 
 
 def synthetic_video(frames: int, height: int, width: int, device) -> torch.Tensor:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from cosmos3.cache_options import hashed_cache
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RenderRequest
+from cosmos3.rules.cache_options import hashed_cache
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RenderRequest
 
 CONFIG_FORMAT = "farm-config-v2"  # v2: the request is cosmos3's RenderRequest, every load option is hashed
 

@@ -22,7 +22,7 @@ import ray
 import structlog
 
 from cosmos3.errors import BackgroundLoadError, SoundTokenizerLoadError
-from cosmos3.request import RenderRequest
+from cosmos3.rules.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import JobFault, WorkerStartError
 from farm.job import Job, ModelSpec

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from cosmos3.cache_options import SeaCacheSettings, cache_problems, parse_cache
 from cosmos3.errors import ConfigError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+from cosmos3.rules.cache_options import SeaCacheSettings, cache_problems, parse_cache
+from cosmos3.rules.step_precision import StepPolicy
 from cosmos3.step_cache import StepCache, sea_filter
-from cosmos3.step_precision import StepPolicy
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, rng_pixels
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
@@ -49,7 +49,7 @@ def diffusers_render(root, pipe, *, sound: bool = False, **inputs) -> tuple[np.n
     decoder stack ran (seen by a hook on the first decoder layer)."""
     from diffusers import SeaCacheConfig
 
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     reference = diffusers_pipeline(root, pipe, sound=sound)
     reference.transformer.enable_cache(SeaCacheConfig(threshold=CACHE["threshold"],

@@ -26,8 +26,8 @@ KUBERAY_UID = 1000  # the user KubeRay's own images (rayproject/ray) run as
 # What must stay out of the build context: gigabytes of venv, history, weights and outputs, and stale builds
 # whose compiled kernels would otherwise end up in the wheel.
 LEFT_OUT = [".venv/bin/python", ".git/HEAD", "checkpoints/toy/fp8/transformer/model.safetensors",
-            "renders/demo/t2i/a.png", "build/lib/cosmos3/_cuda_ops.so", "dist/cosmos3_farm-0.1.0.whl",
-            "cosmos3/_cuda_ops.cpython-312-x86_64-linux-gnu.so", "cosmos3/_cuda_ops_build.json",
+            "renders/demo/t2i/a.png", "build/lib/cosmos3/ops/_cuda_ops.so", "dist/cosmos3_farm-0.1.0.whl",
+            "cosmos3/ops/_cuda_ops.cpython-312-x86_64-linux-gnu.so", "cosmos3/ops/_cuda_ops_build.json",
             "farm/__pycache__/cli.cpython-311.pyc", "cosmos3_farm.egg-info/PKG-INFO", "tests/farm/test_cli.py"]
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from cosmos3.cache_options import DEFAULT_CACHE, cache_identity, hashed_cache
-from cosmos3.request import RequestRules, resolve
+from cosmos3.rules.cache_options import DEFAULT_CACHE, cache_identity, hashed_cache
+from cosmos3.rules.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
 from tests.farm.helpers import make_checkpoint, write_image, write_manifest
@@ -189,7 +189,7 @@ def test_timeouts_read_as_seconds(value, seconds):
 
 
 def test_a_jobs_request_is_what_the_worker_resolves_it_to(tmp_path):
-    """Every value is concrete, so the worker's cosmos3.request.resolve finds nothing to fill in or refuse."""
+    """Every value is concrete, so the worker's cosmos3.rules.request.resolve finds nothing to fill in or refuse."""
     jobs = [{"id": "a", "prompt": "x"}, {"id": "b", "task": "t2i", "prompt": "y", "guidance": 3}]
     m = manifest.load(write_manifest(tmp_path, jobs))
     rules = RequestRules.from_checkpoint(m.model.checkpoint)
@@ -314,9 +314,9 @@ def _broken_tokenizer_json(root: Path) -> None:
                  id="no-tokenizer-config"),
 ])
 def test_a_component_the_worker_loads_is_checked_at_validate(tmp_path, capsys, damage, component, message):
-    from cosmos3.checkpoint_header import check_layout
     from cosmos3.errors import Cosmos3Error
-    from cosmos3.prompt import PromptTokenizer
+    from cosmos3.prompt_tokenizer import PromptTokenizer
+    from cosmos3.rules.checkpoint_header import check_layout
 
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     root = tmp_path / "ckpt"
@@ -338,8 +338,8 @@ def test_a_component_the_worker_loads_is_checked_at_validate(tmp_path, capsys, d
     pytest.param(_config(latents_std=[1.0]), "latents_mean and latents_std need z_dim=4 entries", id="stats"),
 ])
 def test_vae_damage_is_refused_at_validate_with_the_workers_start_message(tmp_path, capsys, damage, message):
-    from cosmos3.checkpoint_header import check_vae_dir
     from cosmos3.errors import Cosmos3Error
+    from cosmos3.rules.checkpoint_header import check_vae_dir
 
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     damage(tmp_path / "ckpt" / "vae")

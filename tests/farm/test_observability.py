@@ -12,7 +12,7 @@ import pytest
 import ray
 from ray.util.state import list_tasks
 
-from cosmos3.request import RequestRules
+from cosmos3.rules.request import RequestRules
 from farm import driver, manifest
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, render_and_publish, write_manifest

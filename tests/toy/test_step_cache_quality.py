@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from cosmos3.cache_options import DEFAULT_CACHE, parse_cache
 from cosmos3.pipeline import Cosmos3Pipeline
+from cosmos3.rules.cache_options import DEFAULT_CACHE, parse_cache
 from farm import manifest
 from toy import measure, scenes
 
