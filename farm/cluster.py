@@ -100,6 +100,7 @@ def _start() -> Connection:
         [sys.executable, "-m", "farm.reaper", str(os.getpid()), str(temp_dir)], start_new_session=True,
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) if _PROC else None
     connection = Connection(owned=True, dashboard_url=None, reaper=watcher, temp_dir=temp_dir)
+    node = ray_worker._global_node  # None unless this process already holds a node Ray started
     try:
         # Ray keeps its sessions (logs, sockets) where they would go without it: Ray reads $TMPDIR for them.
         # The cluster is this machine's alone, so every port it opens (the metrics port, which answers anyone
@@ -112,7 +113,8 @@ def _start() -> Connection:
         _forward_worker_logs_only()
         return dataclasses.replace(connection, dashboard_url=_url(context))
     except BaseException as err:  # an interrupt at any point of the start too
-        _abandon(connection, spare=before | {watcher.pid} if watcher else before)
+        _abandon(connection, spare=before | {watcher.pid} if watcher else before,
+                 started=ray_worker._global_node is not node)
         if not isinstance(err, (ConnectionError, RuntimeError, ValueError)):
             raise
         raise ClusterError(f"cannot start a local Ray cluster: {err}") from err
@@ -125,14 +127,15 @@ def _url(context: Any) -> str | None:
     return f"http://{context.dashboard_url}" if context.dashboard_url else None
 
 
-def _abandon(connection: Connection, spare: set[int]) -> None:
+def _abandon(connection: Connection, spare: set[int], started: bool) -> None:
     """Ends a start cut short: every process it made (`reaper.end_descendants`, those of `spare` left alone), then
-    what Ray holds of it, the reaper and the temp folder. Interrupts wait meanwhile: a second Ctrl-C must not leave
-    the first one's clean-up half done."""
+    what Ray holds of it when it `started` a node, the reaper and the temp folder. Interrupts wait meanwhile: a
+    second Ctrl-C must not leave the first one's clean-up half done."""
     with _uninterrupted():
         if _PROC:
             reaper.end_descendants(os.getpid(), spare)
-        ray.shutdown()
+        if started:
+            ray.shutdown()
         disconnect(dataclasses.replace(connection, owned=False))
 
 

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import json
 import os
+import secrets
 import socket
 import threading
 import time
@@ -254,7 +255,7 @@ def _create(path: Path, owner: Owner) -> bool:
     """
     root, name = _where(path)
     text = (json.dumps(asdict(owner), indent=2) + "\n").encode()
-    temp = records.aside(LEASE_FILE)
+    temp = storage.temp_path(Path(LEASE_FILE)).name
     try:
         with records.folder(root, name, create=True) as fd:
             _write_new(fd, temp, text)
@@ -288,16 +289,19 @@ def _take_over(path: Path, judged: Look) -> None:
     """Moves the dead lease aside; if what moved is not the lease judged dead (touched since, or another driver
     replaced it in the meantime: a rename keeps inode and mtime), puts it back."""
     root, name = _where(path)
-    aside = records.aside(LEASE_FILE)
-    with records.folder(root, name) as fd:
-        try:
-            os.rename(LEASE_FILE, aside, src_dir_fd=fd, dst_dir_fd=fd)
-        except FileNotFoundError:
-            return
-        try:
-            moved = os.stat(aside, dir_fd=fd, follow_symlinks=False)
-            if (moved.st_ino, moved.st_mtime_ns) != judged.beat:
-                with contextlib.suppress(FileExistsError):
-                    os.link(aside, LEASE_FILE, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
-        finally:
-            os.unlink(aside, dir_fd=fd)
+    aside = f".{LEASE_FILE}.stale.{os.getpid()}.{secrets.token_hex(4)}"
+    try:
+        with records.folder(root, name) as fd:
+            try:
+                os.rename(LEASE_FILE, aside, src_dir_fd=fd, dst_dir_fd=fd)
+            except FileNotFoundError:
+                return
+            try:
+                moved = os.stat(aside, dir_fd=fd, follow_symlinks=False)
+                if (moved.st_ino, moved.st_mtime_ns) != judged.beat:
+                    with contextlib.suppress(FileExistsError):
+                        os.link(aside, LEASE_FILE, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            finally:
+                os.unlink(aside, dir_fd=fd)
+    except OSError as err:
+        raise StorageFault(records.fault(err, path, "take over the dead lease")) from err

@@ -19,7 +19,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,11 +187,6 @@ def entries(root: str | Path, *names: str) -> dict[str, bool] | None:
         return None
     except OSError as err:
         raise StorageFault(fault(err, where, "list")) from err
-
-
-def aside(name: str) -> str:
-    """A unique hidden name beside `name` for moving it out of the way (a dead lease)."""
-    return f".{name}.stale.{os.getpid()}.{secrets.token_hex(4)}"
 
 
 # -- the state of a manifest: NAME/state.json --------------------------------------------------------------
