@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosmos3.background_build import BackgroundBuild
+from cosmos3.checkpoint_files import read_bounded
 from cosmos3.errors import CheckpointError
 from cosmos3.library_import import LIBRARY_IMPORT
 
@@ -59,7 +60,7 @@ def _append_sentence(text: str, sentence: str) -> str:
 
 def _tokenizer_dir(path: str | Path) -> Path:
     path = Path(path)
-    if not (path / "tokenizer_config.json").is_file():
+    if not (path / "tokenizer_config.json").exists():  # whatever is there is read as a bounded regular file
         raise CheckpointError(f"{path}: no tokenizer_config.json (is this the checkpoint's text_tokenizer/ dir?)")
     return path
 
@@ -99,8 +100,9 @@ class TextBudget:
 
         path = _tokenizer_dir(path)
         try:
-            config = json.loads((path / "tokenizer_config.json").read_text())
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            # bounded regular files: a FIFO or a link to /dev/zero is refused, never read
+            config = json.loads(read_bounded(path / "tokenizer_config.json"))
+            tokenizer = Tokenizer.from_str(read_bounded(path / "tokenizer.json").decode())
         except Exception as err:  # tokenizers raises its own Exception for a file it cannot parse
             raise _not_loaded(path, err) from None
         stated = config.get("model_max_length") if isinstance(config, dict) else None

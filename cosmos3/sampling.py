@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cosmos3.checkpoint_files import read_json
 from cosmos3.errors import CheckpointError
 from cosmos3.library_import import LIBRARY_IMPORT
 
@@ -48,12 +48,7 @@ class SamplingRecipe:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing (the checkpoint needs it in the published layout)") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    return read_json(path, "missing (the checkpoint needs it in the published layout)")
 
 
 def _distilled_sigmas(config: dict, root: Path) -> tuple[float, ...] | None:

@@ -21,7 +21,8 @@ from typing import IO, Any, Protocol
 import ray
 import structlog
 
-from cosmos3.errors import BackgroundLoadError, SoundTokenizerLoadError
+from cosmos3 import checkpoint_identity
+from cosmos3.errors import BackgroundLoadError, CheckpointError, SoundTokenizerLoadError
 from cosmos3.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import JobFault, WorkerStartError
@@ -126,6 +127,26 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     return _Cosmos3Renderer(pipeline, device, facts)
 
 
+def _measure(model: ModelSpec) -> checkpoint_identity.Fingerprint:
+    """The checkpoint's files as this worker finds them, hashing only versions the driver did not hash.
+
+    # Raises: WorkerStartError when they are not the checkpoint the driver fingerprinted, or cannot be read.
+    """
+    root = Path(model.checkpoint)
+    try:
+        found = checkpoint_identity.fingerprint(root, model.files)
+    except CheckpointError as err:
+        raise WorkerStartError(f"checkpoint {root}: {err}") from None
+    if found.sha256 != model.fingerprint:
+        differ = sorted(rel for rel in found.files.keys() | model.files.keys()
+                        if (found.files.get(rel) or {}).get("sha256") != (model.files.get(rel) or {}).get("sha256"))
+        raise WorkerStartError(
+            f"checkpoint {root} changed since farm submit fingerprinted it ({', '.join(differ[:5]) or 'its files'} "
+            f"differ): a render of these weights would be published as the other's; run farm submit again once the "
+            f"checkpoint is what you want rendered (renders of the old weights then count as not done)")
+    return found
+
+
 def _out_of_memory() -> tuple[type[BaseException], ...]:
     """Host and GPU out-of-memory errors; torch's only where this process imported it (a fake renderer does not)."""
     torch = sys.modules.get("torch")
@@ -170,7 +191,10 @@ class RenderWorker:
         check_assignment(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             configure_cuda_allocator()
+        self._model = model
+        self._loaded = _measure(model)  # before anything loads: the versions the renderer then reads
         self._renderer = factory(model, bool(gpus))
+        self._check_checkpoint()  # what the renderer read, also the files that changed while it loaded
         self._gpu = self._renderer.device != "cpu"
         uuid = self._renderer.facts.get("gpu_uuid")
         self._telemetry = gpu_telemetry.open_device(uuid) if self._gpu and uuid else None
@@ -193,6 +217,15 @@ class RenderWorker:
         """Answers once the pipeline is loaded: where this worker runs."""
         return self._identity
 
+    def _check_checkpoint(self) -> None:
+        """The checkpoint's files are still the versions measured before the load, or, touched, the same bytes: so
+        what this worker loaded (its VAE and sound tokenizer build after its start) is what the driver fingerprinted.
+
+        # Raises: WorkerStartError naming the files that changed and the fix.
+        """
+        if checkpoint_identity.changed(Path(self._model.checkpoint), self._loaded):
+            self._loaded = _measure(self._model)
+
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
         """Renders `job` and keeps its output for `publish`; returns as soon as the GPU is free for the next job."""
         settle_heap()  # before the job's clock
@@ -207,6 +240,7 @@ class RenderWorker:
             raise WorkerStartError(str(err)) from None
         except _out_of_memory() as err:  # the job's size, not the worker: the driver does not count it against it
             raise JobFault(f"{type(err).__name__}: {err}") from None
+        self._check_checkpoint()  # before the render can count: it was made with the fingerprinted weights
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
@@ -240,7 +274,8 @@ class RenderWorker:
             record = storage.sidecar_record(
                 job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
                 manifest=self._origin, worker=self._identity,
-                checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
+                checkpoint=checkpoint_identity.identity(self._model.checkpoint, self._model.fingerprint),
+                precision=output.info.get("precision"),
                 fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
                 attention=output.info.get("attention"), cache=output.info.get("cache"),
                 started=kept.started, finished=finished, **figures,
