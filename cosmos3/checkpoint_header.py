@@ -175,7 +175,7 @@ def check_diffusers_weights(path: Path, what: str) -> None:
     """A diffusers model folder's ``diffusion_pytorch_model.safetensors`` (``what`` it holds) is there and its
     header whole: a truncated or overwritten file fails here, torch-free, not in diffusers."""
     weights = path / DIFFUSERS_WEIGHTS
-    if not weights.is_file():
+    if not weights.exists():  # whatever stands there is opened as a regular file or refused by name
         raise CheckpointError(f"{path}: no {DIFFUSERS_WEIGHTS} ({what})")
     read_header(weights)
 

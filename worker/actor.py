@@ -223,7 +223,11 @@ class RenderWorker:
 
         # Raises: WorkerStartError naming the files that changed and the fix.
         """
-        if checkpoint_identity.changed(Path(self._model.checkpoint), self._loaded):
+        try:
+            same = not checkpoint_identity.changed(Path(self._model.checkpoint), self._loaded)
+        except CheckpointError:  # its index no longer lists its files: measured again, which names the problem
+            same = False
+        if not same:
             self._loaded = _measure(self._model)
 
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
