@@ -2,12 +2,12 @@
 
 Steps (each fits one device call; run them on one machine, in this order):
 
-    python benchmarks/bench_render.py write --root /tmp/nano                # fp8/ (and bf16/ if the disk allows)
-    python benchmarks/bench_render.py farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
-    python benchmarks/bench_render.py farm --root /tmp/nano --jobs t2v --cache off --out $OUT   # beside the default
-    python benchmarks/bench_render.py farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
-    python benchmarks/bench_render.py diffusers --root /tmp/nano --steps 3 --out $OUT
-    python benchmarks/bench_render.py report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
+    python -m benchmarks.bench_render write --root /tmp/nano                # fp8/ (and bf16/ if the disk allows)
+    python -m benchmarks.bench_render farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
+    python -m benchmarks.bench_render farm --root /tmp/nano --jobs t2v --cache off --out $OUT   # beside the default
+    python -m benchmarks.bench_render farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
+    python -m benchmarks.bench_render diffusers --root /tmp/nano --steps 3 --out $OUT
+    python -m benchmarks.bench_render report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
 
 ``write`` streams random weights to disk in the published layout (benchmarks/random_checkpoint.py).
 ``farm`` renders the workload's manifest with ``python -m farm submit`` (a fresh worker: its start is the
@@ -35,31 +35,35 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order  # noqa: E402
-from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
-from cosmos3.cache_options import METHODS  # noqa: E402  (torch-free)
+from benchmarks.common import BUILD_NAMES, GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # torch-free
+from cosmos3.rules.cache_options import METHODS  # torch-free
 
 # -- write -----------------------------------------------------------------------------------------
 
 
 def do_write(args) -> dict:
-    from benchmarks.random_checkpoint import write_checkpoint
+    """``ROOT/VARIANT`` of ``--build``, then ``ROOT/NAME`` of each ``--link`` build, hard-linked to its weights."""
+    from benchmarks.random_checkpoint import BUILDS, link_build, plan_entries, write_checkpoint
 
+    build = BUILDS[args.build]
     results = {}
     for variant in args.variants:
         free = shutil.disk_usage(args.root.parent if not args.root.exists() else args.root).free
-        need = {"fp8": 20, "bf16": 34}[variant] * 1e9
+        need = sum(entry.nbytes for entry in plan_entries(build.transformer, variant)) * 1.05 + 2e9  # + VAE, slack
         if free < need:
             results[variant] = {"skipped": f"{free / 1e9:.1f} GB free on disk, {need / 1e9:.0f} GB needed"}
             continue
-        stats = write_checkpoint(args.root / variant, variant=variant, device=args.device,
+        stats = write_checkpoint(args.root / variant, variant=variant, device=args.device, build=build,
                                  words=tuple(PROMPT.replace(",", " ").split()))
-        results[variant] = {"bytes": stats.bytes, "seconds": stats.seconds, "gb_per_s": stats.gb_per_s,
-                            "shards": stats.shards}
-        print(f"{variant}: {stats.bytes / 1e9:.2f} GB in {stats.shards} shards, {stats.seconds:.1f} s "
+        results[variant] = {"build": args.build, "bytes": stats.bytes, "seconds": stats.seconds,
+                            "gb_per_s": stats.gb_per_s, "shards": stats.shards}
+        print(f"{args.build} {variant}: {stats.bytes / 1e9:.2f} GB in {stats.shards} shards, {stats.seconds:.1f} s "
               f"({stats.gb_per_s:.2f} GB/s)", flush=True)
+    for name in args.link:
+        link_build(args.root / args.variants[0], args.root / name, BUILDS[name], args.variants[0])
+        results[name] = {"build": name, "linked_to": args.variants[0]}
+        print(f"{name}: linked to {args.root / args.variants[0]}", flush=True)
     return {"kind": "write", "machine": machine(), "variants": results}
 
 
@@ -636,6 +640,9 @@ def main() -> None:
     write.add_argument("--root", type=Path, required=True)
     write.add_argument("--variants", nargs="+", default=["fp8", "bf16"])
     write.add_argument("--device", default="cuda")
+    write.add_argument("--build", default="nano", choices=BUILD_NAMES, help="the published build whose files to write")
+    write.add_argument("--link", nargs="*", default=[], choices=BUILD_NAMES,
+                       help="more builds of the same shape, at ROOT/NAME, sharing the first variant's weights")
     farm = sub.add_parser("farm")
     farm.add_argument("--root", type=Path, required=True)
     farm.add_argument("--variant", default="fp8")

@@ -28,7 +28,15 @@ JOBS = {
             "priority": 5},
     "i2v": {"id": "i2v", "task": "i2v", "image": "inputs/frame.png", "size": [1280, 720], "frames": 189,
             "steps": 35, "guidance": 6.0},
+    # A short clip for the forced re-renders (33 frames, 10 steps: ~1/5 of the clip's tokens, a third of its steps).
+    "t2v-short": {"id": "t2v-short", "task": "t2v", "size": [1280, 720], "frames": 33, "steps": 10, "guidance": 6.0,
+                  "priority": 4},
+    # The distilled builds' jobs: their steps and guidance are the checkpoint's (a manifest naming them is refused).
+    "t2i-4step": {"id": "t2i-4step", "task": "t2i", "size": [1024, 1024], "priority": 10},
+    "i2v-4step": {"id": "i2v-4step", "task": "i2v", "image": "inputs/frame.png", "size": [1280, 720], "frames": 189},
 }
+# The builds benchmarks/random_checkpoint.py writes (its BUILDS), named here for parsers that import no torch.
+BUILD_NAMES = ("nano", "super", "super-i2v", "super-t2i", "super-t2i-4step", "super-i2v-4step")
 WEIGHT_SETS = 8  # more than the 50 MB L2 holds, as 36 layers' weights
 CALLS = 36  # one forward's layers
 
@@ -99,7 +107,7 @@ def graphed_us(fn, rounds_of: list):
 def add_still_command(sub, *, stills: int, **child) -> None:
     """The ``still`` subcommand of a benchmark that renders the workload's still in alternating child processes;
     the parent starts each child with ``--child`` (``child``: that argument's ``choices`` or ``nargs``)."""
-    from cosmos3.attention_choice import ATTENTION_CHOICES  # torch-free
+    from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # torch-free
 
     still_parser = sub.add_parser("still")
     still_parser.add_argument("--root", type=Path, required=True, help="bench_render.py write's --root")

@@ -5,7 +5,7 @@
 
 A Nano-size model does not fit a BF16 copy in host memory next to everything else on the benchmark
 machine, so nothing is built whole: tensor names and shapes come from diffusers'
-``Cosmos3OmniTransformer`` on the meta device (the published key names, reference §1.3), each tensor
+``Cosmos3OmniTransformer`` on the meta device (the published key names, docs/checkpoints.md §1.1), each tensor
 is drawn on ``device`` from its own seed, and a shard is written as soon as it is full. Peak host
 memory is one shard.
 
@@ -13,8 +13,8 @@ Both variants hold the *same* model: a decoder projection is drawn in fp32, quan
 (``weight_scale = amax / 448``, e4m3), and the BF16 variant stores that FP8 weight dequantized, so
 ours-FP8, ours-BF16 and diffusers-BF16 run one set of weights.
 
-Layout (reference §2.3, §5.2): ``model_index.json``; ``transformer/`` (shards, index, config.json with
-the Nano values of reference §2.1 and, for FP8, the ``quantization_config`` ModelOpt 0.47 exports:
+Layout (docs/checkpoints.md §1, §5.2): ``model_index.json``; ``transformer/`` (shards, index, config.json with
+the Nano values of docs/checkpoints.md §2 and, for FP8, the ``quantization_config`` ModelOpt 0.47 exports:
 ``weight_scale``/``input_scale`` 0-d fp32 beside each e4m3 weight, no ``_amax`` buffers, plus the
 published ``diffusion_step_policy``); ``hf_quant_config.json`` (FP8: the same without ``runtime``);
 ``vae/`` (``AutoencoderKLWan``, the Wan 2.2 config, z_dim 48, random weights); ``text_tokenizer/``
@@ -31,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.config import QuantConfig
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant.fp8_static import FP8, FP8_MAX
+from cosmos3.rules.config import QuantConfig
 from toy.layout import (
+    DISTILLED_SCHEDULER,
     PROMPT_WORDS,
     PUBLISHED_ONLY_KEYS,
     UNIPC_SCHEDULER,
@@ -43,7 +44,7 @@ from toy.layout import (
     write_tokenizer,
 )
 
-# Nano transformer/config.json (reference §2.1); keys diffusers' constructor takes.
+# Nano transformer/config.json (docs/checkpoints.md §2); keys diffusers' constructor takes.
 NANO = {
     "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "attention_bias": False,
@@ -55,6 +56,9 @@ NANO = {
     "sound_gen": True, "sound_dim": 64, "sound_latent_fps": 25, "action_gen": True, "action_dim": 64,
     "num_embodiment_domains": 32,
 }
+# Super: the Nano keys with Super's backbone (docs/models.md says which values are published and which inferred).
+SUPER = {**NANO, "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64, "num_attention_heads": 64,
+         "num_key_value_heads": 8, "head_dim": 128}
 # Published-only keys of the same file that diffusers' constructor does not take.
 NANO_EXTRA = {**PUBLISHED_ONLY_KEYS, "_diffusers_version": "0.37.1", "temporal_compression_factor_sound": 1,
               "max_action_dim": 64}
@@ -81,7 +85,7 @@ WAN22_VAE = {
 # What ModelOpt 0.47's Hugging Face export writes into transformer/config.json, and nothing more.
 MODELOPT_VERSION = "0.47.0"
 _FP8_TENSORS = {"dynamic": False, "num_bits": 8, "type": "float"}
-# The published FP8 checkpoints' ignore list (reference §5.3): what the cosmos recipe leaves high precision.
+# The published FP8 checkpoints' ignore list (docs/checkpoints.md §5.3): what the cosmos recipe leaves high precision.
 PUBLISHED_IGNORE = ["proj_in", "proj_out", "time_embedder*", "audio_proj_in", "audio_proj_out", "action_proj_in",
                     "action_proj_out", "lm_head", "model.visual*", "visual*"]
 MODELOPT_QUANTIZATION = {
@@ -97,6 +101,26 @@ INIT_STD = 0.02  # initializer_range of the published config
 # (RMSNorm outputs with unit gains peak near 5). One value keeps each group's shared scale equal.
 INPUT_AMAX = 8.0
 SHARD_BYTES = 5 << 30  # the published Nano shards are ~5 GB
+
+
+@dataclass(frozen=True)
+class Build:
+    """One of the six published static-FP8 builds (docs/models.md): what its files say beside the weights."""
+
+    transformer: dict  # transformer/config.json's model keys
+    step_policy: bool  # quantization_config.runtime.diffusion_step_policy present
+    scheduler: dict  # scheduler/scheduler_config.json
+    pipeline_tag: str | None = None  # README.md's front matter (cosmos3.rules.model_card); None: no card
+
+
+BUILDS = {
+    "nano": Build(NANO, True, UNIPC_SCHEDULER),
+    "super": Build(SUPER, True, UNIPC_SCHEDULER),
+    "super-i2v": Build(SUPER, True, UNIPC_SCHEDULER, "image-to-video"),
+    "super-t2i": Build(SUPER, False, UNIPC_SCHEDULER, "text-to-image"),
+    "super-t2i-4step": Build(SUPER, False, DISTILLED_SCHEDULER, "text-to-image"),
+    "super-i2v-4step": Build(SUPER, False, DISTILLED_SCHEDULER, "image-to-video"),
+}
 
 
 @dataclass(frozen=True)
@@ -195,7 +219,8 @@ def _shards(entries: list[Entry], shard_bytes: int) -> list[list[Entry]]:
 
 
 def write_transformer(directory: Path, *, variant: str, transformer: dict = NANO, seed: int = 0,
-                      device: str | torch.device = "cpu", shard_bytes: int = SHARD_BYTES) -> WriteStats:
+                      device: str | torch.device = "cpu", shard_bytes: int = SHARD_BYTES,
+                      step_policy: bool = True) -> WriteStats:
     """``transformer/``: safetensors shards, their index and config.json, one shard in memory at a time."""
     from safetensors.torch import save_file
 
@@ -218,19 +243,21 @@ def write_transformer(directory: Path, *, variant: str, transformer: dict = NANO
         del content
     write_json(directory / "diffusion_pytorch_model.safetensors.index.json",
                {"metadata": {"total_size": total}, "weight_map": weight_map})
-    write_json(directory / "config.json", transformer_config(transformer, variant))
+    write_json(directory / "config.json", transformer_config(transformer, variant, step_policy))
     return WriteStats(total, time.perf_counter() - started, len(plan))
 
 
-def quantization_config() -> dict:
-    """ModelOpt 0.47's export plus the published step policy (reference §6.1)."""
+def quantization_config(step_policy: bool = True) -> dict:
+    """ModelOpt 0.47's export, plus the published step policy where the build carries one (docs/models.md)."""
+    if not step_policy:
+        return dict(MODELOPT_QUANTIZATION)
     return {**MODELOPT_QUANTIZATION, "runtime": {"diffusion_step_policy": PUBLISHED_STEP_POLICY}}
 
 
-def transformer_config(transformer: dict, variant: str) -> dict:
+def transformer_config(transformer: dict, variant: str, step_policy: bool = True) -> dict:
     config = {"_class_name": "Cosmos3OmniTransformer", **NANO_EXTRA, **transformer}
     if variant == "fp8":
-        config["quantization_config"] = quantization_config()
+        config["quantization_config"] = quantization_config(step_policy)
     return config
 
 
@@ -246,15 +273,59 @@ def write_vae(directory: Path, *, vae: dict = WAN22_VAE, seed: int = 0, device: 
 
 def write_checkpoint(root: str | Path, *, variant: str = "fp8", transformer: dict = NANO, vae: dict = WAN22_VAE,
                      words: tuple[str, ...] = (), seed: int = 0, device: str | torch.device = "cpu",
-                     shard_bytes: int = SHARD_BYTES) -> WriteStats:
-    """The whole checkpoint root. ``words``: prompt words the tokenizer should know (others map to [UNK])."""
+                     shard_bytes: int = SHARD_BYTES, build: Build | None = None) -> WriteStats:
+    """The whole checkpoint root. ``words``: prompt words the tokenizer should know (others map to [UNK]).
+
+    ``build``: one of ``BUILDS`` (its transformer replaces ``transformer``); None: Nano's files around
+    ``transformer``.
+    """
     root = Path(root)
-    stats = write_transformer(root / "transformer", variant=variant, transformer=transformer, seed=seed,
-                              device=device, shard_bytes=shard_bytes)
+    build = build or Build(transformer, True, UNIPC_SCHEDULER)
+    stats = write_transformer(root / "transformer", variant=variant, transformer=build.transformer, seed=seed,
+                              device=device, shard_bytes=shard_bytes, step_policy=build.step_policy)
     write_vae(root / "vae", vae=vae, seed=seed, device=device)
     vocabulary = dict.fromkeys([*PROMPT_WORDS, *(w.lower() for w in words)])
-    write_tokenizer(root / "text_tokenizer", list(vocabulary), vocab_size=transformer["vocab_size"])
-    write_pipeline_files(root, UNIPC_SCHEDULER)
+    write_tokenizer(root / "text_tokenizer", list(vocabulary), vocab_size=build.transformer["vocab_size"])
+    write_pipeline_files(root, build.scheduler)
+    write_build_files(root, build)
     if variant == "fp8":
         (root / "hf_quant_config.json").write_text(json.dumps(MODELOPT_QUANTIZATION, indent=2) + "\n")
     return stats
+
+
+def write_build_files(root: Path, build: Build) -> None:
+    """The files that tell the builds apart beside the scheduler: the distilled builds' ``modular_model_index.json``
+    (``is_distilled``, ``distilled_sigmas``: the scheduler's ``t_list``) and the model card's ``pipeline_tag``."""
+    fixed = build.scheduler.get("fixed_step_sampler_config")
+    if fixed:
+        write_json(root / "modular_model_index.json", {"is_distilled": True, "distilled_sigmas": fixed["t_list"]})
+    if build.pipeline_tag:
+        (root / "README.md").write_text(f"---\npipeline_tag: {build.pipeline_tag}\nlibrary_name: diffusers\n---\n\n"
+                                        "Random weights in the published layout (benchmarks/random_checkpoint.py).\n")
+
+
+def link_build(source: str | Path, root: str | Path, build: Build, variant: str = "fp8") -> None:
+    """``root``: the checkpoint of ``build`` made from ``source`` (a checkpoint ``write_checkpoint`` wrote with the same
+    transformer shape) by hard links, so the builds share one copy of the weights on disk (the six published builds
+    differ in their files, not in the shape of their weights); the files that tell builds apart are written anew."""
+    import os
+
+    source, root = Path(source), Path(root)
+    written = json.loads((source / "transformer" / "config.json").read_text())
+    if any(written.get(key) != value for key, value in build.transformer.items()):
+        raise ValueError(f"{source}'s transformer is not the shape of this build; write it with write_checkpoint")
+    own = {"transformer/config.json", "scheduler/scheduler_config.json", "model_index.json",
+           "modular_model_index.json", "README.md"}
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source).as_posix()
+        if path.is_file() and relative not in own and not path.name.startswith("."):
+            target = root / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                target.unlink()
+            os.link(path, target)
+    write_json(root / "transformer" / "config.json", transformer_config(build.transformer, variant, build.step_policy))
+    for stale in ("modular_model_index.json", "README.md"):
+        (root / stale).unlink(missing_ok=True)
+    write_pipeline_files(root, build.scheduler)
+    write_build_files(root, build)

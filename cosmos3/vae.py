@@ -1,7 +1,7 @@
 """The checkpoint's ``vae/``: diffusers ``AutoencoderKLWan`` (Wan 2.2) plus Cosmos3's latent normalisation.
 
 The transformer sees *normalised* latents, ``(mu - latents_mean) / latents_std`` per channel, with
-``mu`` the posterior mode (no sampling), as the published pipeline encodes (reference §2.3).
+``mu`` the posterior mode (no sampling), as the published pipeline encodes (docs/checkpoints.md §1).
 The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames ``<= 4k`` and decoded
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
 
@@ -17,10 +17,10 @@ from pathlib import Path
 import torch
 
 from cosmos3.background_build import BackgroundBuild
-from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS, check_vae_dir
-from cosmos3.config import VAEConfig
 from cosmos3.errors import CheckpointError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
+from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS, check_vae_dir
+from cosmos3.rules.config import VAEConfig
 
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
 # in bf16 on the H200 (benchmarks/results/h200-render.md): ~138 and ~68 bytes per output pixel; per

@@ -175,7 +175,7 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
                  workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
         scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
-                              settings, log, RunMetrics(manifest.name),
+                              settings, log, RunMetrics(manifest.name, len(todo)),
                               cluster.capacity(plan, options.workers, options.max_workers))
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from cosmos3.cache_options import DEFAULT_CACHE, cache_identity, cache_runs_on
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RenderRequest
+from cosmos3.rules.cache_options import hashed_cache
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RenderRequest
 
 CONFIG_FORMAT = "farm-config-v2"  # v2: the request is cosmos3's RenderRequest, every load option is hashed
 
@@ -39,7 +39,7 @@ class ModelSpec:
     checkpoint: str  # absolute path of the checkpoint root
     options: LoadOptions  # cosmos3's load options: Cosmos3Pipeline.from_pretrained(checkpoint, **asdict(options))
     static_fp8: bool
-    fingerprint: str  # cosmos3.checkpoint_identity.fingerprint(): the content of every file the loader reads
+    fingerprint: str  # cosmos3.rules.checkpoint_identity.fingerprint(): the content of every file the loader reads
     # the version of each file the fingerprint hashed (relative path -> {"key", "sha256"}): a worker that finds the same
     # versions hashes none of them again, and one that finds others hashes them and refuses another checkpoint
     files: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -79,9 +79,7 @@ def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[
     for key in ("image", "video"):
         fields[key] = input_hash(fields[key]) if fields[key] else None
     load = dict(vars(model.options))
-    # One render, one hash: the cache as its settings, not as written; a still computes every step, so whatever
-    # `cache` says it is hashed as the default.
-    load["cache"] = cache_identity(load["cache"] if cache_runs_on(request.frames) else DEFAULT_CACHE)
+    load["cache"] = hashed_cache(load["cache"], request.frames)
     identity = {"format": CONFIG_FORMAT, "request": fields, "checkpoint": model.fingerprint,
                 "load": load, "outputs": list(outputs)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()

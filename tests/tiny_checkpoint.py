@@ -5,7 +5,7 @@
     root = make_tiny_checkpoint(tmp_path / "c", num_hidden_layers=3)     # transformer config override
     root = make_tiny_checkpoint(tmp_path / "s", sound=True)              # sound_gen + a sound_tokenizer/
 
-Layout (reference §2.3, §5.2): ``model_index.json``, ``transformer/`` (diffusers
+Layout (docs/checkpoints.md §1, §5.2): ``model_index.json``, ``transformer/`` (diffusers
 ``Cosmos3OmniTransformer.save_pretrained``: bf16 safetensors shards, ``time_embedder`` in fp32, the
 index, and a config.json that also carries the published-only keys), ``vae/`` (``AutoencoderKLWan``
 in the Wan 2.2 shape: patchified, residual, spatial factor 16, temporal factor 4,
@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from toy.layout import (
+    DISTILLED_SCHEDULER,  # noqa: F401  (re-exported: the tests take it from here)
     PROMPT_WORDS,
     UNIPC_SCHEDULER,
     save_transformer,
@@ -85,21 +86,6 @@ TINY_SOUND_TOKENIZER = {
     "dec_strides": [4, 8, 10],
     "dec_out_channels": 2,
     "encoder_enabled": False,  # the pipeline only decodes
-}
-
-# The distilled 4-step recipe: stochastic FlowMatch-Euler on a fixed sigma list (t_list as the
-# cosmos-framework DMD2 default).
-DISTILLED_SCHEDULER = {
-    "_class_name": "FlowMatchEulerDiscreteScheduler",
-    "_diffusers_version": "0.37.1",
-    "num_train_timesteps": 1000,
-    "shift": 1.0,
-    "stochastic_sampling": True,
-    "fixed_step_sampler_config": {
-        "t_list": [0.999, 0.75, 0.5, 0.25],
-        "sample_type": "sde",
-        "num_train_timesteps": 1000,
-    },
 }
 
 # The prompt words, then a few words the tests' prompts use.

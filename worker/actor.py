@@ -21,9 +21,9 @@ from typing import IO, Any, Protocol
 import ray
 import structlog
 
-from cosmos3 import checkpoint_identity
 from cosmos3.errors import BackgroundLoadError, CheckpointError, SoundTokenizerLoadError
-from cosmos3.request import RenderRequest
+from cosmos3.rules import checkpoint_identity
+from cosmos3.rules.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
@@ -200,8 +200,8 @@ class RenderWorker:
         self._telemetry = gpu_telemetry.open_device(uuid) if self._gpu and uuid else None
         self._ready_seconds = time.perf_counter() - started
         self._origin = origin
-        self._progress = metrics.WorkerProgress(slot)
-        self._gpu_gauges = metrics.WorkerGpu(slot) if self._telemetry is not None else None
+        self._progress = metrics.WorkerProgress(slot, origin["name"])
+        self._gpu_gauges = metrics.WorkerGpu(slot, origin["name"]) if self._telemetry is not None else None
         self._rendered: dict[tuple[str, int], _Rendered] = {}  # (job key, attempt) -> a render its publish takes
         self._identity = {
             "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosmos3.request import RenderRequest, RequestRules, resolve
+from cosmos3.rules.request import RenderRequest, RequestRules, resolve
 from farm.job import ModelSpec
 
 

@@ -23,13 +23,14 @@ import pytest
 import torch
 
 from cosmos3 import pipeline
-from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
-from cosmos3.checkpoint_identity import fingerprint
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
-from cosmos3.prompt import PromptSpec, PromptTokenizer
+from cosmos3.prompt_tokenizer import PromptTokenizer
+from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
+from cosmos3.rules.checkpoint_identity import fingerprint
+from cosmos3.rules.prompt import PromptSpec
 from cosmos3.vae import VAEBuild, WanVAE
 from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_weights
 
@@ -302,7 +303,7 @@ def test_distilled_i2v_keeps_frame_0_despite_the_stochastic_renoising(distilled_
 
 @pytest.fixture(scope="module")
 def fp8_pipe(root, tmp_path_factory):
-    from cosmos3.fp8_export import export_fp8
+    from cosmos3.checkpoint.fp8_export import export_fp8
 
     # ModelOpt calibrates on a real render of our pipeline (its default: the published step policy).
     fp8 = export_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", [job("t2v", steps=2)], max_shard_size="64KB")
@@ -333,7 +334,7 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
 @pytest.fixture(scope="module")
 def diffusers_pipe(root, pipe):
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     return diffusers_pipeline(root, pipe)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cosmos3 import load_transformer
-from tests.cosmos3.reference import reference_forward, tiny_reference
+from testbed.reference import SUPER_SHAPED, reference_forward, tiny_reference
 
 # (latent T, H, W, condition frames, fps): T2I, T2V with fps modulation, padding, I2V.
 CASES = [
@@ -15,7 +15,8 @@ CASES = [
     pytest.param(2, 5, 3, (), None, id="odd-size-needs-padding"),
     pytest.param(3, 4, 4, (0,), 24.0, id="i2v-condition-frame-0"),
 ]
-GQA = [pytest.param(4, id="gqa-1"), pytest.param(2, id="gqa-2"), pytest.param(1, id="gqa-4")]
+SHAPES = [pytest.param({"num_key_value_heads": 4}, id="gqa-1"), pytest.param({"num_key_value_heads": 2}, id="gqa-2"),
+          pytest.param({"num_key_value_heads": 1}, id="gqa-4"), pytest.param(SUPER_SHAPED, id="super-shaped")]
 
 
 def assert_close_to_scale(ours: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
@@ -37,10 +38,10 @@ def inputs(t, h, w, seed=1, vocab=64, channels=4):
     return ids, latents
 
 
-@pytest.mark.parametrize("kv_heads", GQA)
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("t,h,w,cond,fps", CASES)
-def test_velocity_matches_diffusers_fp32(tmp_path, kv_heads, t, h, w, cond, fps):
-    ref = tiny_reference(num_key_value_heads=kv_heads)
+def test_velocity_matches_diffusers_fp32(tmp_path, shape, t, h, w, cond, fps):
+    ref = tiny_reference(**shape)
     model = load_transformer(save(ref, tmp_path), dtype=torch.float32)
     ids, latents = inputs(t, h, w)
     expected, _ = reference_forward(ref, ids, latents, 731.0, fps=fps, condition_frames=cond)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from cosmos3 import checkpoint_header, checkpoint_identity
 from cosmos3.errors import CheckpointError
+from cosmos3.rules import checkpoint_header, checkpoint_identity
 from farm import cli, driver, manifest, storage
 from farm.errors import ManifestError
 from tests.farm.helpers import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3 import checkpoint_identity
+from cosmos3.rules import checkpoint_identity
 from farm import manifest
 from farm.errors import ManifestError
 from tests.farm.helpers import make_checkpoint, scale_one_tensor_in_place, write_manifest

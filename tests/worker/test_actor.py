@@ -14,8 +14,8 @@ import pytest
 import ray
 import structlog.testing
 
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RequestRules
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RequestRules
 from farm import manifest, storage
 from farm.errors import WorkerStartError
 from tests.farm import fakes
@@ -85,7 +85,7 @@ def test_a_worker_that_would_see_every_gpu_of_its_node_is_refused_at_start(clust
 
 
 DEVICE_FACTS = {"gpu_uuid": "GPU-2daf2d03-1f3e-d7d2-f717-7e730d4ec67e", "gpu_name": "NVIDIA H200", "sm": 90,
-                "ops": {"source": "prebuilt", "seconds": 0.001, "path": "/site/cosmos3/_cuda_ops.so"}}
+                "ops": {"source": "prebuilt", "seconds": 0.001, "path": "/site/cosmos3/ops/_cuda_ops.so"}}
 
 
 def _renderer_on_a_gpu(model, gpu: bool) -> fake.FakeRenderer:
