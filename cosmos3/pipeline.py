@@ -31,6 +31,7 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.cuda_graphs import enable_cuda_graphs
+from cosmos3.errors import BackgroundLoadError
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt_tokenizer import PromptTokenizer
 from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
@@ -250,6 +251,23 @@ class Cosmos3Pipeline:
                 build.result()  # waits for the build; raises its error
         pipe._load_timings = {**timings, "total": clock() - started}
         return pipe
+
+    def warm_up(self) -> None:
+        """Pays now what a worker's first job would pay for its decode: the VAE's and the sound tokenizer's builds
+        (their move to the device), and a decode of two latent frames at the default still's and the default clip's
+        sizes, where a GPU's decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the H100, and
+        ~5 s more at a clip's 720p the first time; h100-vae-decode.md). A build that failed is left to the jobs
+        that need it to report, as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
+        for build in self._decoders():
+            try:
+                build.wait()
+            except BackgroundLoadError:
+                return
+        vae = self.vae
+        for task in ("t2i", "t2v"):
+            plan = resolve(RenderRequest(task=task, prompt="warm-up"), self.rules)
+            frames = min(plan.frames, 1 + vae.config.temporal_factor)  # the first chunk and one after it
+            vae.decode(torch.zeros(vae.config.latent_shape(frames, plan.height, plan.width), device=self.device))
 
     # -- stages ------------------------------------------------------------------------------------
 

@@ -49,8 +49,9 @@ class Output(Protocol):
 # renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" and "sound_tokenizer" are
 # their builds' own seconds, which on a cosmos3 worker run in the background, beside the rest and after ready()
 # (the sound tokenizer's is None on a silent checkpoint); "tokenizer" is the text tokenizer's own, beside the
-# transformer's load; "total" is the pipeline's load until it was ready, and the sidecar's "worker" the whole
-# start until ready().
+# transformer's load; "total" is the pipeline's load until it was ready; the sidecar's "warm_up" the renderer's
+# warm-up after it (the background builds waited for, the decoder's set-up), and "worker" the whole start until
+# ready(), the warm-up included.
 WORKER_START_FIELDS = ("ops", "tokenizer", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
                        "checkpoint_gb_per_s", "vae", "sound_tokenizer", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
@@ -64,6 +65,9 @@ class Renderer(Protocol):
     device: str
     facts: dict  # where it renders, for the sidecar: GPU UUID, where the CUDA ops came from and how long they took
     load_timings: dict  # seconds (and bytes) per stage of loading the model, see WORKER_START_FIELDS
+
+    def warm_up(self) -> None:
+        """Pays at the worker's start what its first job would otherwise pay (builds, a GPU's set-up per size)."""
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
@@ -81,6 +85,9 @@ class _Cosmos3Renderer:
     @property
     def load_timings(self) -> dict:
         return self._pipeline.load_timings  # its "vae" is known once the background build has ended
+
+    def warm_up(self) -> None:
+        self._pipeline.warm_up()
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         return self._pipeline(request, callback=callback)
@@ -194,7 +201,10 @@ class RenderWorker:
         self._model = model
         self._loaded = _measure(model)  # before anything loads: the versions the renderer then reads
         self._renderer = factory(model, bool(gpus))
-        self._check_checkpoint()  # what the renderer read, also the files that changed while it loaded
+        warm_up = time.perf_counter()
+        self._renderer.warm_up()  # ready() means warm: the first job pays no set-up a later one does not
+        self._warm_up_seconds = time.perf_counter() - warm_up
+        self._check_checkpoint()  # what the renderer read, its background builds included: they ended in warm_up
         self._gpu = self._renderer.device != "cpu"
         uuid = self._renderer.facts.get("gpu_uuid")
         self._telemetry = gpu_telemetry.open_device(uuid) if self._gpu and uuid else None
@@ -219,7 +229,8 @@ class RenderWorker:
 
     def _check_checkpoint(self) -> None:
         """The checkpoint's files are still the versions measured before the load, or, touched, the same bytes: so
-        what this worker loaded (its VAE and sound tokenizer build after its start) is what the driver fingerprinted.
+        what this worker loaded is what the driver fingerprinted. Once loaded, the weights are in memory: a later
+        change of the files is no change of this worker's renders (a worker that starts after it refuses it).
 
         # Raises: WorkerStartError naming the files that changed and the fix.
         """
@@ -244,7 +255,6 @@ class RenderWorker:
             raise WorkerStartError(str(err)) from None
         except _out_of_memory() as err:  # the job's size, not the worker: the driver does not count it against it
             raise JobFault(f"{type(err).__name__}: {err}") from None
-        self._check_checkpoint()  # before the render can count: it was made with the fingerprinted weights
         sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
         if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
             raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
@@ -302,4 +312,5 @@ class RenderWorker:
     def _worker_start(self) -> dict[str, Any]:
         """The start's figures, read per job: the VAE's seconds arrive when its background build ends."""
         loaded = self._renderer.load_timings
-        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "worker": self._ready_seconds}
+        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "warm_up": self._warm_up_seconds,
+                "worker": self._ready_seconds}

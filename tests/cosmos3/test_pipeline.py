@@ -569,6 +569,15 @@ def test_a_background_vae_is_built_after_from_pretrained_returns_and_waited_for_
     assert background(job("t2v")).timings["vae_wait"] == 0.0
 
 
+def test_a_warm_up_builds_the_background_vae_and_the_first_job_waits_for_nothing(root, pipe):
+    background = Cosmos3Pipeline.from_pretrained(root, vae_load="background")
+    background.warm_up()
+    assert background.load_timings["vae"] > 0  # built before any job asked
+    first = background(job("t2v", seed=3))
+    assert first.timings["vae_wait"] == 0.0
+    np.testing.assert_array_equal(first.frames, pipe(job("t2v", seed=3)).frames)
+
+
 def test_a_t2v_job_denoises_while_the_vae_builds_and_waits_only_at_its_decode(root, pipe, monkeypatch):
     # The build finishes only after the job's last step: a job that waited before its steps would never get there.
     last_step, build = threading.Event(), WanVAE.build.__func__

@@ -163,10 +163,10 @@ def cluster():
         yield
 
 
-def _worker(m: manifest.Manifest):
+def _worker(m: manifest.Manifest, factory=fake.factory):
     origin = {"run": "run-1", "path": "/m.yaml", "sha256": "abc", "name": "test", "root": m.output_root}
     Path(m.output_root).mkdir(exist_ok=True)
-    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, fake.factory, origin, 0)
+    return ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(m.model, factory, origin, 0)
 
 
 def test_a_worker_refuses_weights_changed_since_the_driver_fingerprinted_them(cluster, tmp_path):
@@ -179,17 +179,35 @@ def test_a_worker_refuses_weights_changed_since_the_driver_fingerprinted_them(cl
     assert output_files(tmp_path / "out") == []
 
 
-def test_weights_changed_under_a_running_worker_are_refused_before_its_render_counts(cluster, tmp_path):
+def test_a_worker_keeps_the_weights_it_loaded_and_one_started_after_a_change_refuses_the_new_ones(cluster, tmp_path):
+    """A restart mid-run (after a job's timeout, a lost node) loads the files as they are then: refused."""
     m = manifest.load(write_manifest(tmp_path, JOB))
     worker = _worker(m)
     try:
         ray.get(worker.ready.remote())
-        scale_one_tensor_in_place(tmp_path / "ckpt" / SHARD)
-        with pytest.raises(ray.exceptions.RayTaskError, match="changed since farm submit fingerprinted it"):
-            render_and_publish(worker, m.jobs[0])
-        assert output_files(tmp_path / "out") == []
+        scale_one_tensor_in_place(tmp_path / "ckpt" / SHARD)  # after its load: its weights are the fingerprinted ones
+        render_and_publish(worker, m.jobs[0])
     finally:
         ray.kill(worker)
+    assert storage.is_done(m.jobs[0])
+    restarted = _worker(m)
+    with pytest.raises(ray.exceptions.ActorDiedError, match="changed since farm submit fingerprinted it"):
+        ray.get(restarted.ready.remote())
+
+
+def test_weights_changed_while_a_worker_loads_are_refused(cluster, tmp_path):
+    """The change lands between the worker's look at the files and the end of its load (the renderer's build)."""
+    m = manifest.load(write_manifest(tmp_path, JOB))
+    shard = tmp_path / "ckpt" / SHARD
+
+    def changing_factory(model, gpu):
+        renderer = fake.factory(model, gpu)
+        scale_one_tensor_in_place(shard)
+        return renderer
+
+    worker = _worker(m, changing_factory)
+    with pytest.raises(ray.exceptions.ActorDiedError, match="changed since farm submit fingerprinted it"):
+        ray.get(worker.ready.remote())
 
 
 def test_a_touched_checkpoint_of_the_same_bytes_still_renders_and_the_sidecar_names_the_fingerprint(cluster, tmp_path):

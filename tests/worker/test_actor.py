@@ -171,6 +171,36 @@ def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_p
     assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0
 
 
+class _RefusesUntilWarm(fake.FakeRenderer):
+    """Refuses to render before its warm-up has run."""
+
+    def __init__(self, rules: RequestRules):
+        super().__init__(rules, seconds_per_step=0.0)
+        self.warm = False
+
+    def warm_up(self):
+        self.warm = True
+
+    def __call__(self, request, callback):
+        if not self.warm:
+            raise RuntimeError("rendered before its warm-up")
+        return super().__call__(request, callback)
+
+
+def _renderer_refusing_until_warm(model, gpu: bool) -> _RefusesUntilWarm:
+    return _RefusesUntilWarm(RequestRules.from_checkpoint(model.checkpoint))
+
+
+def test_a_worker_is_ready_once_warm_and_its_sidecars_report_the_warm_up(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, _renderer_refusing_until_warm)
+    ray.get(worker.ready.remote())
+    render_and_publish(worker, m.jobs[0])
+    ray.kill(worker)
+    start = json.loads(storage.sidecar_path(m.jobs[0].media).read_text())["worker_start"]
+    assert start["worker"] >= start["warm_up"] >= 0  # the render above ran after the warm-up: it refuses otherwise
+
+
 def test_a_vae_that_did_not_build_fails_the_job_as_the_workers_start(cluster, tmp_path):
     m = _manifest(tmp_path)
     worker = _worker(m, fakes.no_vae_loads)
