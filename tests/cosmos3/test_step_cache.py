@@ -15,7 +15,7 @@ from cosmos3.errors import ConfigError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from cosmos3.rules.cache_options import SeaCacheSettings, cache_problems, parse_cache
 from cosmos3.rules.step_precision import StepPolicy
-from cosmos3.step_cache import StepCache, sea_filter
+from cosmos3.step_cache import StepCache, sea_filter, sea_gain
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, rng_pixels
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
@@ -200,7 +200,7 @@ def test_a_branch_that_skipped_a_step_computes_before_it_is_cached_again():
 
 def test_the_sea_filter_is_unit_mean_and_keeps_a_constant_field():
     latents = torch.full((2, 3, 4, 5), 0.7)
-    filtered = sea_filter(latents, 0.6, 3.0)
+    filtered = sea_filter(latents, sea_gain((3, 4, 5), 0.6, 3.0, latents.device))
     assert filtered.shape == (3, 4, 5, 2)
     # only frequency 0 is present: its gain over the mean gain scales the field uniformly
     assert torch.allclose(filtered, filtered[0, 0, 0, 0].expand_as(filtered))
@@ -293,3 +293,16 @@ def test_cuda_cached_render_with_graphs_equals_eager(root):
     assert graphed.info["cache"] == eager.info["cache"] and eager.info["cache"]["cached"]
     assert graphed.info["cuda_graphs"]["gen_captured"] > 0
     assert np.array_equal(graphed.frames, eager.frames)
+
+
+@pytest.mark.gpu
+def test_the_indicator_reads_nothing_back_to_the_host():
+    """Every step's gain is built on the device at the job's first decision, and filtering reads nothing back: the
+    one host read a cached step makes is its decision's distance."""
+    latents = torch.randn(48, 3, 16, 16, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sea_filter(latents, sea_gain((3, 16, 16), 0.6, 3.0, latents.device))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
