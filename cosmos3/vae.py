@@ -21,11 +21,7 @@ from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS, check_vae_dir
 from cosmos3.config import VAEConfig
 from cosmos3.errors import CheckpointError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
-
-# An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
-# in bf16 on the H200 (benchmarks/results/h200-render.md): ~138 and ~68 bytes per output pixel; per
-# byte of the VAE's dtype, rounded up.
-UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
+from cosmos3.memory_plan import UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE
 
 
 class WanVAE:

@@ -33,6 +33,16 @@ class JobState(str, Enum):
 
 
 @dataclass(frozen=True)
+class PlannedMemory:
+    """The GPU memory the manifest's largest job needs (`cosmos3.memory_plan`), which a worker checks its GPU against
+    before it loads anything."""
+
+    need: int  # bytes, with the VAE decode tiled where that needs less
+    job: str  # the job's key
+    detail: str  # cosmos3.memory_plan.JobMemory.describe()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What every worker loads, once."""
 
@@ -40,6 +50,7 @@ class ModelSpec:
     options: LoadOptions  # cosmos3's load options: Cosmos3Pipeline.from_pretrained(checkpoint, **asdict(options))
     static_fp8: bool
     fingerprint: str  # farm.fingerprint.checkpoint(): the content of every file the loader reads
+    memory: PlannedMemory | None = None  # set by the driver (farm.memory) before it starts workers
 
 
 @dataclass(frozen=True)
