@@ -1,8 +1,8 @@
-"""Compiles csrc/ into the package (``cosmos3/_cuda_ops*.so``) when a CUDA build of torch and nvcc are here.
+"""Compiles csrc/ into the package (``cosmos3/ops/_cuda_ops*.so``) when a CUDA build of torch and nvcc are here.
 
 Everything else is declared in pyproject.toml. Without a CUDA torch or nvcc (a CPU dev machine, CI, or the
 default isolated build environment, which has no torch) the package is pure Python and builds in seconds;
-GPU nodes then JIT-build the kernels on first use (cosmos3/ops_loader.py). Build a wheel with kernels:
+GPU nodes then JIT-build the kernels on first use (cosmos3/ops/loader.py). Build a wheel with kernels:
 
     TORCH_CUDA_ARCH_LIST="9.0;10.0+PTX" pip wheel --no-deps --no-build-isolation .   (scripts/build_wheel.sh)
 
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _ops_build():
-    """cosmos3/ops_build.py by path: the package is not importable while it is being built."""
-    spec = importlib.util.spec_from_file_location("cosmos3_ops_build", ROOT / "cosmos3" / "ops_build.py")
+    """cosmos3/ops/build.py by path: the package is not importable while it is being built."""
+    spec = importlib.util.spec_from_file_location("cosmos3_ops_build", ROOT / "cosmos3" / "ops" / "build.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)

@@ -6,7 +6,7 @@ renders a manifest of fake jobs; a watcher samples the cluster's GPU nodes while
 workers it wants and has and the jobs done. Prints one table row per change, then what the run left: every job
 done once, the most nodes seen, the time until the last node was gone.
 
-    python benchmarks/bench_autoscale.py --jobs 96 --max-workers 32 --seconds 3
+    python -m benchmarks.bench_autoscale --jobs 96 --max-workers 32 --seconds 3
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
+from testbed.farm_inputs import make_checkpoint
+from testbed.ray_nodes import RayNodes
 
-from tests.farm.helpers import make_checkpoint  # noqa: E402
-from tests.farm.ray_nodes import RayNodes  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 GPUS_PER_NODE = 8
 MAX_NODES = 4

@@ -12,11 +12,11 @@ bookkeeping run every step as in a real render; only the decision is given. Side
 
 Per arm: the denoising seconds, the mean computed (W8A8) and cached step, the job's peak memory during the steps.
 
-    python benchmarks/bench_cached_steps.py write --root /tmp/nano        # the random FP8 checkpoint
-    python benchmarks/bench_cached_steps.py run --root /tmp/nano --out $OUT/cached-steps.json
-    python benchmarks/bench_cached_steps.py run --root /tmp/nano --attention fp8 --arms clip-cached clip-cached-w8a8 \
+    python -m benchmarks.bench_cached_steps write --root /tmp/nano        # the random FP8 checkpoint
+    python -m benchmarks.bench_cached_steps run --root /tmp/nano --out $OUT/cached-steps.json
+    python -m benchmarks.bench_cached_steps run --root /tmp/nano --attention fp8 --arms clip-cached clip-cached-w8a8 \
         --out $OUT/cached-steps-edges.json
-    python benchmarks/bench_cached_steps.py report $OUT/cached-steps.json
+    python -m benchmarks.bench_cached_steps report $OUT/cached-steps.json
 """
 
 from __future__ import annotations
@@ -24,14 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import GIB, PROMPT, job_request, machine  # noqa: E402
+from benchmarks.common import GIB, PROMPT, job_request, machine
 
 CLIP_CACHED, STILL_CACHED = 16, 20
 
@@ -51,7 +48,7 @@ def fixed_schedule(num_steps: int, edges: set[int], cached: int) -> set[int]:
 def use_schedule(pipe, cached: int | None, policy) -> None:
     """Make ``pipe`` run ``cached`` of every job's steps cached on a fixed schedule (None: uncached), never one of
     ``policy``'s W8A16 edge steps (a ``StepPolicy``: the checkpoint's)."""
-    from cosmos3.cache_options import SeaCacheSettings
+    from cosmos3.rules.cache_options import SeaCacheSettings
     from cosmos3.step_cache import StepCache
 
     class FixedSchedule(StepCache):
@@ -97,7 +94,7 @@ def arm(pipe, spec: Arm, published) -> dict:
     it runs its edge steps W8A8)."""
     import torch
 
-    from cosmos3.step_precision import StepPolicy
+    from cosmos3.rules.step_precision import StepPolicy
 
     name, job, cached = spec.name, spec.job, spec.cached
     no_windows = StepPolicy(0, 0, published.reasoner, source="override")

@@ -10,8 +10,8 @@ process loads the FP8 Nano checkpoint that ``bench_render.py write`` makes and m
 * in two profiled steps of a still, the cuBLAS workspace memsets and the GEMM kernels cuBLAS picked;
 * a clip-size GEN forward (the T2V job's 44,160 tokens, eager as a long job's), W8A8 and W8A16.
 
-    python benchmarks/bench_render.py write --root /tmp/nano --variants fp8
-    python benchmarks/bench_cublas_workspace.py --root /tmp/nano [--rounds 2]
+    python -m benchmarks.bench_render write --root /tmp/nano --variants fp8
+    python -m benchmarks.bench_cublas_workspace --root /tmp/nano [--rounds 2]
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import job_request, machine  # noqa: E402
-from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
+from benchmarks.common import job_request, machine
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # torch-free
 
 SETTINGS = ("torch default", "none (the worker's)")
 
@@ -39,7 +37,7 @@ def measure(root: Path, attention: str, stills: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from cosmos3.pipeline import Cosmos3Pipeline
-    from cosmos3.request import resolve
+    from cosmos3.rules.request import resolve
 
     pipe = Cosmos3Pipeline.from_pretrained(root / "fp8", device="cuda", attention=attention)
     request = job_request("t2i")
@@ -88,7 +86,8 @@ def measure(root: Path, attention: str, stills: int) -> dict:
 def run_child(setting: str, args) -> dict:
     env = dict(os.environ)
     env.pop("CUBLASLT_WORKSPACE_SIZE", None)
-    command = [sys.executable, __file__, "--root", str(args.root), "--attention", args.attention,
+    command = [sys.executable, "-m", "benchmarks.bench_cublas_workspace",
+               "--root", str(args.root), "--attention", args.attention,
                "--stills", str(args.stills), "--child", setting]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:

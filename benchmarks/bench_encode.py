@@ -5,25 +5,21 @@ beside decoding every frame; then a 1024x1024 still's PNG at
 zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
 encode runs on the worker's host, so its core count decides the absolute times; the ratios carry over.
 
-    python benchmarks/bench_encode.py [--frames 189] [--presets veryfast superfast ultrafast] [--png-levels 1 3 6]
+    python -m benchmarks.bench_encode [--frames 189] [--presets veryfast superfast ultrafast] [--png-levels 1 3 6]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import imageio_ffmpeg
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import imageio_ffmpeg  # noqa: E402
-
-from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, _read_back_mp4, write_mp4, write_png  # noqa: E402
+from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, _read_back_mp4, write_mp4, write_png
 
 HEIGHT, WIDTH = 720, 1280
 

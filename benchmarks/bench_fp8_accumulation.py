@@ -11,9 +11,9 @@ of activation-like operands makes by itself (the exact FP8 product against the p
 (graphs captured), then ``--stills`` measured. Each keeps its last still's final latents; with the BF16 variant
 written too, one more process renders the still in BF16 (the same weights, dequantized) to compare against.
 
-    python benchmarks/bench_render.py write --root /tmp/nano --variants fp8 bf16
-    python benchmarks/bench_fp8_accumulation.py gemms
-    python benchmarks/bench_fp8_accumulation.py still --root /tmp/nano --attention fp8
+    python -m benchmarks.bench_render write --root /tmp/nano --variants fp8 bf16
+    python -m benchmarks.bench_fp8_accumulation gemms
+    python -m benchmarks.bench_fp8_accumulation still --root /tmp/nano --attention fp8
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request, machine  # noqa: E402
-from cosmos3.load_options import FP8_ACCUMULATIONS  # noqa: E402  (torch-free)
+from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request, machine
+from cosmos3.rules.load_options import FP8_ACCUMULATIONS  # torch-free
 
 SHAPES = {"q/k/v packed": (6144, 4096), "o": (4096, 4096), "gate or up": (12288, 4096), "down": (4096, 12288)}
 TOKENS = (1024, 44160)  # the workload's still, its T2V clip
@@ -122,7 +120,8 @@ def measure(root: Path, variant: str, accumulation: str, attention: str, stills:
 
 
 def run_child(args, variant: str, accumulation: str, latents_path: str) -> dict:
-    command = [sys.executable, __file__, "still", "--root", str(args.root), "--attention", args.attention,
+    command = [sys.executable, "-m", "benchmarks.bench_fp8_accumulation",
+               "still", "--root", str(args.root), "--attention", args.attention,
                "--stills", str(args.stills), "--child", variant, accumulation, latents_path]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:

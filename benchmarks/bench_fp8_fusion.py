@@ -1,4 +1,4 @@
-"""What a max(scale) fusion would do to a static FP8 checkpoint (reference/trtllm-static-fp8-pr.md).
+"""What a max(scale) fusion would do to a static FP8 checkpoint (TensorRT-LLM PR #17476).
 
 Fusing Q/K/V (or gate/up) under one per-tensor scale keeps ``s = max(s_i)`` and re-rounds every
 other shard: ``q_i' = e4m3(s_i * q_i / s)``. We never do that; this script measures what it
@@ -11,7 +11,7 @@ and the added error relative to the numerical floor.
 * and at the output: the RMS change of ``y = x W^T`` (x ~ N(0, 1), fp32 maths) relative to the
   floor of a BF16 output, the rounding every exact implementation already carries.
 
-Usage: ``python benchmarks/bench_fp8_fusion.py`` (builds and calibrates a model itself), or
+Usage: ``python -m benchmarks.bench_fp8_fusion`` (builds and calibrates a model itself), or
 ``--fp8 CKPT --bf16 CKPT`` for an exported pair (e.g. the toy checkpoint).
 """
 
@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cosmos3 import ops  # noqa: E402
-from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
-from cosmos3.checkpoint_header import transformer_dir  # noqa: E402
+from cosmos3 import ops
+from cosmos3.checkpoint.weights import CheckpointFiles
+from cosmos3.rules.checkpoint_header import transformer_dir
 
 GROUPS = {
     "UND qkv": ("self_attn.to_q", "self_attn.to_k", "self_attn.to_v"),
@@ -76,7 +73,7 @@ def analyse(fp8: CheckpointFiles, bf16: CheckpointFiles) -> dict:
 
 
 def build_pair(root: Path) -> tuple[Path, Path]:
-    from tests.cosmos3.fp8_checkpoints import make_bf16, make_fp8
+    from testbed.fp8_checkpoints import make_bf16, make_fp8
 
     bf16 = make_bf16(root / "bf16", hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                      num_attention_heads=8, num_key_value_heads=2, head_dim=32,

@@ -18,22 +18,19 @@ included, and how many stills captured GEN graphs. Prompts past the eighth run o
 round's wall seconds until both caches are on the GPU, the medians, their ratio, and whether the K/V are equal bit
 for bit. At a prompt's ~50 tokens the tower's ~1,700 kernels are bound by their launches, not their maths.
 
-    python benchmarks/bench_render.py write --root /tmp/nano --variants fp8
-    python benchmarks/bench_graphs.py stream --root /tmp/nano --prompts 8 --passes 3 --orders shuffled batches
-    python benchmarks/bench_graphs.py und --root /tmp/nano [--rounds 5]
+    python -m benchmarks.bench_render write --root /tmp/nano --variants fp8
+    python -m benchmarks.bench_graphs stream --root /tmp/nano --prompts 8 --passes 3 --orders shuffled batches
+    python -m benchmarks.bench_graphs und --root /tmp/nano [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import JOBS, PROMPT, job_request, stream_order  # noqa: E402
+from benchmarks.common import JOBS, PROMPT, job_request, stream_order
 
 WORDS = "with glass towers reflecting an orange sky while ferries cross the bay".split()
 
@@ -127,7 +124,7 @@ def und(args) -> None:
     import torch
 
     from cosmos3.pipeline import Cosmos3Pipeline
-    from cosmos3.request import resolve
+    from cosmos3.rules.request import resolve
 
     pipe = Cosmos3Pipeline.from_pretrained(args.root / "fp8", device="cuda", vae_load="background")
     model = pipe.model

@@ -1,8 +1,8 @@
-"""The planned GPU memory (cosmos3.memory_plan) beside the measured peak, per job, on Nano and Super shapes.
+"""The planned GPU memory (cosmos3.rules.memory_plan) beside the measured peak, per job, on Nano and Super shapes.
 
-    python benchmarks/bench_memory.py run --root /tmp/nano/fp8 --jobs t2v,t2i --steps 2 --out OUT/memory-nano.json
-    python benchmarks/bench_memory.py run --root /dev/shm/super/fp8 --jobs t2v,t2i --steps 2 --out OUT/memory-super.json
-    python benchmarks/bench_memory.py report OUT/memory-*.json
+    python -m benchmarks.bench_memory run --root /tmp/nano/fp8 --jobs t2v,t2i --steps 2 --out OUT/memory-nano.json
+    python -m benchmarks.bench_memory run --root /dev/shm/super/fp8 --jobs t2v,t2i --steps 2 --out OUT/memory-super.json
+    python -m benchmarks.bench_memory report OUT/memory-*.json
 
 ``run`` loads the checkpoint as a farm GPU worker does (its CUDA allocator; the VAE loaded before the first job, so
 the resident figure holds it) and renders each of the workload's jobs (benchmarks/common.py ``JOBS``) with
@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import GIB, JOBS, job_request, machine  # noqa: E402
-from cosmos3.cache_options import METHODS  # noqa: E402  (torch-free)
+from benchmarks.common import GIB, JOBS, job_request, machine
+from cosmos3.rules.cache_options import METHODS  # torch-free
 
 
 def do_run(args) -> dict:
@@ -34,9 +31,9 @@ def do_run(args) -> dict:
 
     import torch
 
-    from cosmos3.memory_plan import DEVICE_OVERHEAD, ModelMemory, plan_request
     from cosmos3.pipeline import Cosmos3Pipeline
-    from cosmos3.request import RequestRules, resolve
+    from cosmos3.rules.memory_plan import DEVICE_OVERHEAD, ModelMemory, plan_request
+    from cosmos3.rules.request import RequestRules, resolve
 
     model = ModelMemory.from_checkpoint(args.root)
     rules = RequestRules.from_checkpoint(args.root)

@@ -9,7 +9,7 @@ CUDA-event-timed runs after warm-up (each at least 25 ms of GPU work).
 
 ``launch``: every (threads per block, vectors per thread) the elementwise kernels accept, on M x I = 32760 x 16384
 bf16 inputs (dequantize_fp8: their FP8 quantization, to bf16): per config the median time and the percentage of
-the copy bandwidth; then the best row for this SM version, to paste into cosmos3/launch_table.py. silu_and_mul_2in
+the copy bandwidth; then the best row for this SM version, to paste into cosmos3/ops/launch_table.py. silu_and_mul_2in
 is ranked by its FP8-output time (the static-FP8 MLP path); its bf16-output time is shown beside it.
 
 ``norms``: everything of a static-FP8 Nano GEN layer but its GEMMs and attention, at a still's 1,024 tokens and a
@@ -25,9 +25,9 @@ them), unfused against fused:
 Both compute the same values (up to the fused form's single rounding of RoPE). Prints ms per layer and the ratio;
 ``--check`` also compares their outputs.
 
-    python benchmarks/bench_ops.py bandwidth [--reps 30]
-    python benchmarks/bench_ops.py launch [--reps 50]
-    python benchmarks/bench_ops.py norms [--tokens 1024 44160] [--und-tokens 40] [--layers 36] [--check]
+    python -m benchmarks.bench_ops bandwidth [--reps 30]
+    python -m benchmarks.bench_ops launch [--reps 50]
+    python -m benchmarks.bench_ops norms [--tokens 1024 44160] [--und-tokens 40] [--layers 36] [--check]
 """
 
 from __future__ import annotations
@@ -35,20 +35,17 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import machine  # noqa: E402
-from cosmos3 import ops, ops_loader  # noqa: E402
-from cosmos3.launch_table import LaunchParams  # noqa: E402
-from cosmos3.ops_cpu import dequantize_fp8 as dequantize  # noqa: E402  (the reference expression, eager or compiled)
+from benchmarks.common import machine
+from cosmos3 import ops
+from cosmos3.ops import loader as ops_loader
+from cosmos3.ops.cpu import dequantize_fp8 as dequantize  # the reference expression, eager or compiled
+from cosmos3.ops.launch_table import LaunchParams
 
 SHAPES = [(32760, 16384), (8192, 16384), (1760, 12288)]  # [M, I]: Cosmos3 MLP activations
 COPY_BYTES = 4 << 30

@@ -11,7 +11,7 @@ JSON line. Cases:
   load its result (the lock works if exactly one says jit-build and every process passes its check).
 - JIT cache: then ``--repeats`` more processes load the cached build one at a time.
 
-    python benchmarks/bench_ops_load.py --prebuilt /tmp/c3 --source . --deps /tmp/site --concurrent 4
+    python -m benchmarks.bench_ops_load --prebuilt /tmp/c3 --source . --deps /tmp/site --concurrent 4
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import machine  # noqa: E402
+from benchmarks.common import machine
 
 CHILD = r"""
 import json, shutil, time

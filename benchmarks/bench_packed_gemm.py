@@ -11,9 +11,9 @@ alternate, ``--rounds`` of each: two warm-up stills, then ``--stills`` measured.
 
 Both run under the farm worker's CUDA settings (``worker.gpu.configure_cuda_allocator``: no cuBLASLt workspace).
 
-    python benchmarks/bench_packed_gemm.py gemms
-    python benchmarks/bench_render.py write --root /tmp/nano --variants fp8
-    python benchmarks/bench_packed_gemm.py still --root /tmp/nano --attention fp8
+    python -m benchmarks.bench_packed_gemm gemms
+    python -m benchmarks.bench_render write --root /tmp/nano --variants fp8
+    python -m benchmarks.bench_packed_gemm still --root /tmp/nano --attention fp8
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request  # noqa: E402
+from benchmarks.common import CALLS, WEIGHT_SETS, add_still_command, graphed_us, job_request
 
 HIDDEN, Q_DIM, KV_DIM = 4096, 4096, 1024  # Nano's GEN tower
 TOKENS = (256, 1024, 2048, 4096, 8192, 16384, 44160)  # a small still ... the T2V clip
@@ -123,7 +120,8 @@ def still(args) -> None:
     results = {"packed": [], "split": []}
     for _ in range(args.rounds):
         for setting in results:
-            command = [sys.executable, __file__, "still", "--root", str(args.root), "--attention", args.attention,
+            command = [sys.executable, "-m", "benchmarks.bench_packed_gemm",
+                       "still", "--root", str(args.root), "--attention", args.attention,
                        "--stills", str(args.stills), "--child", setting]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:

@@ -1,4 +1,4 @@
-"""Checkpoint read speed to the GPU: safetensors' own reader vs ours (cosmos3/tensor_reader.py), side by side.
+"""Checkpoint read speed to the GPU: safetensors' own reader vs ours (cosmos3/checkpoint/tensor_reader.py).
 
 On one ``transformer/`` directory (e.g. the Nano checkpoint ``bench_render.py write`` makes), every tensor is
 read to the GPU three ways, each from a cold page cache (``--drop-caches``, needs root) and again warm:
@@ -7,7 +7,7 @@ read to the GPU three ways, each from a cold page cache (``--drop-caches``, need
   ours RxC     ``CheckpointFiles.plan`` + ``get`` in file order: R threads, C-MiB pieces, pinned buffers; one row
                per ``--settings`` entry (the first is the default, tensor_reader.READERS x CHUNK)
 
-    python benchmarks/bench_read.py /tmp/nano/fp8/transformer --drop-caches --settings 4x4 8x16 2x16
+    python -m benchmarks.bench_read /tmp/nano/fp8/transformer --drop-caches --settings 4x4 8x16 2x16
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import drop_page_cache  # noqa: E402
-from cosmos3 import tensor_reader  # noqa: E402
-from cosmos3.checkpoint import CheckpointFiles  # noqa: E402
+from benchmarks.common import drop_page_cache
+from cosmos3.checkpoint import tensor_reader
+from cosmos3.checkpoint.weights import CheckpointFiles
 
 
 def by_file(files: CheckpointFiles) -> list[str]:

@@ -2,12 +2,12 @@
 
 Steps (each fits one device call; run them on one machine, in this order):
 
-    python benchmarks/bench_render.py write --root /tmp/nano                # fp8/ (and bf16/ if the disk allows)
-    python benchmarks/bench_render.py farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
-    python benchmarks/bench_render.py farm --root /tmp/nano --jobs t2v --cache off --out $OUT   # beside the default
-    python benchmarks/bench_render.py farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
-    python benchmarks/bench_render.py diffusers --root /tmp/nano --steps 3 --out $OUT
-    python benchmarks/bench_render.py report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
+    python -m benchmarks.bench_render write --root /tmp/nano                # fp8/ (and bf16/ if the disk allows)
+    python -m benchmarks.bench_render farm --root /tmp/nano --variant fp8 --jobs t2i,t2v --out $OUT
+    python -m benchmarks.bench_render farm --root /tmp/nano --jobs t2v --cache off --out $OUT   # beside the default
+    python -m benchmarks.bench_render farm --root /tmp/nano --jobs "" --stills 200 --prompts 50 --out $OUT
+    python -m benchmarks.bench_render diffusers --root /tmp/nano --steps 3 --out $OUT
+    python -m benchmarks.bench_render report $OUT/*.json > results.md    # the jobs' sidecars: $OUT/sidecars/
 
 ``write`` streams random weights to disk in the published layout (benchmarks/random_checkpoint.py).
 ``farm`` renders the workload's manifest with ``python -m farm submit`` (a fresh worker: its start is the
@@ -35,11 +35,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import BUILD_NAMES, GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order  # noqa: E402
-from cosmos3.attention_choice import ATTENTION_CHOICES  # noqa: E402  (torch-free)
-from cosmos3.cache_options import METHODS  # noqa: E402  (torch-free)
+from benchmarks.common import BUILD_NAMES, GIB, JOBS, PROMPT, drop_page_cache, job_request, machine, stream_order
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # torch-free
+from cosmos3.rules.cache_options import METHODS  # torch-free
 
 # -- write -----------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ Columns (milliseconds unless marked):
 - publish: per job, the worker writing the PNG and its sidecar (farm only);
 - idle gap: per worker, from the end of one job in the worker to the start of its next one: time a GPU waits.
 
-    python benchmarks/bench_scheduler.py --gpus 8 --jobs 64 --seconds 0.25 1.0
+    python -m benchmarks.bench_scheduler --gpus 8 --jobs 64 --seconds 0.25 1.0
 
 Scale mode (`--scale`): one manifest of each size in turn (e.g. 1,000, 3,000 and 10,000 jobs) on a
 `ray.cluster_utils.Cluster` of `--nodes` nodes with `--gpus` logical GPUs each, one real RenderWorker actor per GPU,
@@ -22,7 +22,7 @@ finished manifest costs (every output checked, its folder swept for temp files: 
 does, and a call per job, as it did before, on a sample). Last, bare Ray's dispatch overhead
 for the smallest size's durations on as many sleeping actors, for scale.
 
-    python benchmarks/bench_scheduler.py --scale 1000 3000 10000 --nodes 4 --gpus 8
+    python -m benchmarks.bench_scheduler --scale 1000 3000 10000 --nodes 4 --gpus 8
 """
 
 from __future__ import annotations
@@ -46,10 +46,8 @@ import ray
 import structlog
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from farm import driver, manifest, storage  # noqa: E402
-from worker import fake  # noqa: E402
+from farm import driver, manifest, storage
+from worker import fake
 
 STEPS = 10
 REPO = Path(__file__).resolve().parents[1]

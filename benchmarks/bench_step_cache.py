@@ -5,10 +5,9 @@ Per render: PSNR of the cached frames against the uncached ones (same job, same 
 its prompt (``toy.measure``, which knows nothing of the model), and how many steps were cached; for clips also the
 SNR of the cached sound against the uncached and whether its pitch still names the shape's colour. Then a threshold
 sweep with PSNR, sound SNR and steps saved side by side. Seconds are the GPU's to measure (h200-step-cache.md):
-the toy's steps on a shared CPU time nothing but noise. Stills run every step in the pipeline
-(``Cosmos3Pipeline._step_cache``); ``--stills`` caches them here too, to measure what that would give.
+the toy's steps on a shared CPU time nothing but noise. Stills and clips run the cache alike.
 
-    python benchmarks/bench_step_cache.py [--thresholds 0.1 0.25 0.4] [--default 0.25] [--stills]
+    python -m benchmarks.bench_step_cache [--thresholds 0.1 0.25 0.4] [--default 0.25]
 """
 
 from __future__ import annotations
@@ -23,10 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cosmos3.cache_options import parse_cache
 from cosmos3.pipeline import Cosmos3Pipeline
-from cosmos3.request import RenderRequest
-from cosmos3.step_cache import StepCache
+from cosmos3.rules.cache_options import parse_cache
+from cosmos3.rules.request import RenderRequest
 from farm import manifest
 from toy import measure, scenes
 
@@ -44,18 +42,6 @@ class Render:
     def sounds(self, scene: scenes.Scene) -> bool:
         """Its sound's pitch names the scene's shape colour (a clip's tone: ``toy.scenes.PITCHES``)."""
         return measure.colour_of_pitch(measure.pitch(self.sound, self.rate)) == scene.colour
-
-
-def cache_stills_too(pipe: Cosmos3Pipeline) -> None:
-    """Make ``pipe`` cache stills' steps as it caches clips' (a what-if the pipeline does not run)."""
-    def step_cache(plan, scheduler):
-        if pipe.cache is None:
-            return None
-        n = len(scheduler.timesteps)
-        edges = frozenset(pipe.model.step_controller.policy.a16_steps(n)) if pipe.model.step_controller else frozenset()
-        return StepCache(pipe.cache, [float(s) for s in scheduler.sigmas[:n].tolist()], edges)
-
-    pipe._step_cache = step_cache
 
 
 def render(pipe: Cosmos3Pipeline, cache, request: RenderRequest) -> Render:
@@ -99,7 +85,6 @@ def main() -> None:
     parser.add_argument("--manifest", type=Path, default=REPO / "manifests" / "demo.yaml")
     parser.add_argument("--thresholds", type=float, nargs="+", default=[0.1, 0.25, 0.4])
     parser.add_argument("--default", type=float, default=0.25, help="the threshold of the per-render table")
-    parser.add_argument("--stills", action="store_true", help="cache stills' steps too (a what-if)")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -108,8 +93,6 @@ def main() -> None:
     demo = manifest.load(args.manifest)
     options = {k: v for k, v in vars(demo.model.options).items() if k != "cache"}
     pipe = Cosmos3Pipeline.from_pretrained(demo.model.checkpoint, device="cpu", **options)
-    if args.stills:
-        cache_stills_too(pipe)
     start = time.perf_counter()
     uncached, cached = run(demo.jobs, pipe, thresholds)
     seconds = time.perf_counter() - start
@@ -117,9 +100,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     base_hits = [measure.matches(scenes.scene_of(j.request.prompt), measure.read(uncached[j.key].frames))
                  for j in demo.jobs]
-    stills = ", stills cached too" if args.stills else ""
     print(f"# step cache on the toy ({demo.model.checkpoint}): {len(demo.jobs)} demo jobs, commit {commit.strip()}, "
-          f"{platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s{stills}")
+          f"{platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s")
     print(f"uncached prompt match: {sum(base_hits) / len(base_hits):.0%}\n")
     print(f"## per render, threshold {args.default} against uncached\n")
     print("| job | task | PSNR (dB) | steps cached | prompt match | sound SNR (dB) | sound names its colour |")

@@ -25,34 +25,31 @@ skips the ModelOpt calibration and export of a 16B model (``--layers`` is the ch
 measured again with the clip's sound tokens in the GEN stream (720p / 189 frames at 24 fps = 7.875 s
 = 197 sound latent frames at 48 kHz / 1920), so a second table gives the per-step cost of sound.
 
-    python benchmarks/bench_transformer.py --layers 4 --tokens 1024 44160
-    python benchmarks/bench_transformer.py --layers 4 --tokens 44160 --sound --no-diffusers
-    python benchmarks/bench_transformer.py --layers 36 --no-diffusers --modes graphs \\
+    python -m benchmarks.bench_transformer --layers 4 --tokens 1024 44160
+    python -m benchmarks.bench_transformer --layers 4 --tokens 44160 --sound --no-diffusers
+    python -m benchmarks.bench_transformer --layers 36 --no-diffusers --modes graphs \\
         --variants bf16 "fp8 split" "fp8 attn" "w8a16 step"
-    python benchmarks/bench_transformer.py --checkpoint /tmp/nano --modes graphs --variants bf16 "fp8 split" "fp8 attn"
+    python -m benchmarks.bench_transformer --checkpoint /tmp/nano --modes graphs --variants bf16 "fp8 split" "fp8 attn"
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import timed  # noqa: E402
-from cosmos3.checkpoint import SKIPPED, TensorDict  # noqa: E402
-from cosmos3.config import Cosmos3Config, SoundConfig  # noqa: E402
-from cosmos3.cuda_graphs import enable_cuda_graphs  # noqa: E402
-from cosmos3.diffusers_model import reference_forward  # noqa: E402
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export, quantize  # noqa: E402
-from cosmos3.layers.linear import Linear, quantize_shared_input  # noqa: E402
-from cosmos3.loader import build_transformer, load_transformer  # noqa: E402
-from cosmos3.quant import STATIC_FP8  # noqa: E402
-from tests.cosmos3.random_weights import random_checkpoint  # noqa: E402
+from benchmarks.common import timed
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY, export, quantize
+from cosmos3.checkpoint.loader import build_transformer, load_transformer
+from cosmos3.checkpoint.weights import SKIPPED, TensorDict
+from cosmos3.cuda_graphs import enable_cuda_graphs
+from cosmos3.diffusers_model import reference_forward
+from cosmos3.layers.linear import Linear, quantize_shared_input
+from cosmos3.quant import STATIC_FP8
+from cosmos3.rules.config import Cosmos3Config, SoundConfig
+from testbed.random_weights import random_checkpoint
 
 # GEN tokens -> latent [C, T, H, W]: 1,024 = T2I 1024x1024; 44,160 = 720p, 189 frames (45 rows pad to 46).
 LATENT_SHAPES = {1024: (48, 1, 64, 64), 44160: (48, 48, 45, 80)}
@@ -251,7 +248,7 @@ def run_shape(n, ids, reference, bf16, fp8, fused, args) -> dict:
     rows = {}
     if "eager" in args.modes:
         if reference is not None:
-            from tests.cosmos3.reference import reference_forward
+            from testbed.reference import reference_forward
 
             rows["diffusers"] = measure(lambda: reference_forward(reference, ids, latents, 500.0, fps=fps), None, args)
         rows["bf16 no-cache"] = measure(step(bf16, cached=False), None, args)

@@ -5,7 +5,7 @@ every output path) and prints seconds, microseconds per seed and the ratio of ti
 time beside the ratio of sizes: linear growth keeps the two equal. As a baseline, measured in the same run,
 a pairwise duplicate check (`seeds.count(s)` per seed) at the small sizes.
 
-    python benchmarks/bench_validate.py --seeds 10000 30000 100000
+    python -m benchmarks.bench_validate --seeds 10000 30000 100000
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-from farm import manifest  # noqa: E402
-from tests.farm.helpers import write_manifest  # noqa: E402
+from farm import manifest
+from testbed.farm_inputs import write_manifest
 
 
 def _validate(folder: Path, count: int) -> float:

@@ -107,7 +107,7 @@ def graphed_us(fn, rounds_of: list):
 def add_still_command(sub, *, stills: int, **child) -> None:
     """The ``still`` subcommand of a benchmark that renders the workload's still in alternating child processes;
     the parent starts each child with ``--child`` (``child``: that argument's ``choices`` or ``nargs``)."""
-    from cosmos3.attention_choice import ATTENTION_CHOICES  # torch-free
+    from cosmos3.rules.attention_choice import ATTENTION_CHOICES  # torch-free
 
     still_parser = sub.add_parser("still")
     still_parser.add_argument("--root", type=Path, required=True, help="bench_render.py write's --root")

@@ -5,7 +5,7 @@
 
 A Nano-size model does not fit a BF16 copy in host memory next to everything else on the benchmark
 machine, so nothing is built whole: tensor names and shapes come from diffusers'
-``Cosmos3OmniTransformer`` on the meta device (the published key names, reference §1.3), each tensor
+``Cosmos3OmniTransformer`` on the meta device (the published key names, docs/checkpoints.md §1.1), each tensor
 is drawn on ``device`` from its own seed, and a shard is written as soon as it is full. Peak host
 memory is one shard.
 
@@ -13,8 +13,8 @@ Both variants hold the *same* model: a decoder projection is drawn in fp32, quan
 (``weight_scale = amax / 448``, e4m3), and the BF16 variant stores that FP8 weight dequantized, so
 ours-FP8, ours-BF16 and diffusers-BF16 run one set of weights.
 
-Layout (reference §2.3, §5.2): ``model_index.json``; ``transformer/`` (shards, index, config.json with
-the Nano values of reference §2.1 and, for FP8, the ``quantization_config`` ModelOpt 0.47 exports:
+Layout (docs/checkpoints.md §1, §5.2): ``model_index.json``; ``transformer/`` (shards, index, config.json with
+the Nano values of docs/checkpoints.md §2 and, for FP8, the ``quantization_config`` ModelOpt 0.47 exports:
 ``weight_scale``/``input_scale`` 0-d fp32 beside each e4m3 weight, no ``_amax`` buffers, plus the
 published ``diffusion_step_policy``); ``hf_quant_config.json`` (FP8: the same without ``runtime``);
 ``vae/`` (``AutoencoderKLWan``, the Wan 2.2 config, z_dim 48, random weights); ``text_tokenizer/``
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from cosmos3.config import QuantConfig
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant.fp8_static import FP8, FP8_MAX
+from cosmos3.rules.config import QuantConfig
 from toy.layout import (
     DISTILLED_SCHEDULER,
     PROMPT_WORDS,
@@ -44,7 +44,7 @@ from toy.layout import (
     write_tokenizer,
 )
 
-# Nano transformer/config.json (reference §2.1); keys diffusers' constructor takes.
+# Nano transformer/config.json (docs/checkpoints.md §2); keys diffusers' constructor takes.
 NANO = {
     "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
     "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "attention_bias": False,
@@ -85,7 +85,7 @@ WAN22_VAE = {
 # What ModelOpt 0.47's Hugging Face export writes into transformer/config.json, and nothing more.
 MODELOPT_VERSION = "0.47.0"
 _FP8_TENSORS = {"dynamic": False, "num_bits": 8, "type": "float"}
-# The published FP8 checkpoints' ignore list (reference §5.3): what the cosmos recipe leaves high precision.
+# The published FP8 checkpoints' ignore list (docs/checkpoints.md §5.3): what the cosmos recipe leaves high precision.
 PUBLISHED_IGNORE = ["proj_in", "proj_out", "time_embedder*", "audio_proj_in", "audio_proj_out", "action_proj_in",
                     "action_proj_out", "lm_head", "model.visual*", "visual*"]
 MODELOPT_QUANTIZATION = {
@@ -110,7 +110,7 @@ class Build:
     transformer: dict  # transformer/config.json's model keys
     step_policy: bool  # quantization_config.runtime.diffusion_step_policy present
     scheduler: dict  # scheduler/scheduler_config.json
-    pipeline_tag: str | None = None  # README.md's front matter (cosmos3.model_card); None: no card
+    pipeline_tag: str | None = None  # README.md's front matter (cosmos3.rules.model_card); None: no card
 
 
 BUILDS = {

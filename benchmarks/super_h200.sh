@@ -8,7 +8,7 @@
 #   write      the Super checkpoint (~65.7 GB transformer + 2.8 GB VAE) in /dev/shm (the disk is too small) and three
 #              more builds hard-linked to its weights: super-t2i, super-t2i-4step, super-i2v-4step (~4 min)
 #   memory     the planned GPU memory beside the measured peak: T2V 720p/189 frames and T2I 1024^2, 2 steps each,
-#              cache off (bench_memory.py; ~2-3 min)
+#              cache off (benchmarks/bench_memory.py; ~2-3 min)
 #   clip       farm submit: two T2I 1024^2/50-step stills, then the T2V 720p/189-frame/35-step clip with the default
 #              step cache; worker start with the page cache warm (tmpfs), read rate, host peak RSS (~7-8 min)
 #   distilled  farm submit on the 4-step builds: T2I 1024^2 and I2V 720p/189 frames (~4 min)
@@ -16,7 +16,7 @@
 #              byte-identical media (~6 min)
 #   uncached   the clip without the step cache (~10 min: more than one call holds; run it alone, with the longest
 #              time limit, or skip it: the clip step's per-step medians give its projection)
-#   report     the tables (bench_render.py report, bench_memory.py report) into OUT/super-h200.md
+#   report     the tables (benchmarks.bench_render report, benchmarks.bench_memory report) into OUT/super-h200.md
 #
 # The device has no Ray, diffusers, structlog or imageio-ffmpeg of its own: their wheels (and their pure-Python
 # needs) are carried in .whl/ and installed here, as for the Nano runs (benchmarks/results/h200-render.md).
@@ -47,7 +47,7 @@ stage_room() {
 
 write() {
     stage_room
-    "$PY" benchmarks/bench_render.py write --root "$ROOT" --build super --variants fp8 \
+    "$PY" -m benchmarks.bench_render write --root "$ROOT" --build super --variants fp8 \
         --link super-t2i super-t2i-4step super-i2v-4step | tee "$OUT/write.log"
     cp "$ROOT/write-all.json" "$OUT/write-super.json"
     du -sh "$ROOT"/fp8 "$ROOT"/super-* | tee -a "$OUT/write.log"
@@ -60,32 +60,32 @@ ensure_written() {
 
 memory() {
     ensure_written
-    "$PY" benchmarks/bench_memory.py run --root "$ROOT/fp8" --jobs t2v,t2i --steps 2 --out "$OUT/memory-super.json"
+    "$PY" -m benchmarks.bench_memory run --root "$ROOT/fp8" --jobs t2v,t2i --steps 2 --out "$OUT/memory-super.json"
 }
 
 clip() {
     ensure_written
-    "$PY" benchmarks/bench_render.py farm --root "$ROOT" --variant fp8 --attention fp8 --jobs t2i,t2i-seed2,t2v \
+    "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant fp8 --attention fp8 --jobs t2i,t2i-seed2,t2v \
         --out "$OUT"
 }
 
 distilled() {
     ensure_written
-    "$PY" benchmarks/bench_render.py farm --root "$ROOT" --variant super-t2i-4step --attention fp8 --jobs t2i-4step \
+    "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant super-t2i-4step --attention fp8 --jobs t2i-4step \
         --out "$OUT"
-    "$PY" benchmarks/bench_render.py farm --root "$ROOT" --variant super-i2v-4step --attention fp8 --jobs i2v-4step \
+    "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant super-i2v-4step --attention fp8 --jobs i2v-4step \
         --out "$OUT"
 }
 
 rerender() {
     ensure_written
-    "$PY" benchmarks/bench_render.py farm --root "$ROOT" --variant fp8 --attention fp8 \
+    "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant fp8 --attention fp8 \
         --jobs t2i,t2i-seed2,t2v-short --cache off --rerenders 2 --out "$OUT/rerender"
 }
 
 uncached() {
     ensure_written
-    "$PY" benchmarks/bench_render.py farm --root "$ROOT" --variant fp8 --attention fp8 --jobs t2v --cache off \
+    "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant fp8 --attention fp8 --jobs t2v --cache off \
         --out "$OUT"
 }
 
@@ -93,9 +93,9 @@ report() {
     {
         echo "# Cosmos3-Super on one H200 ($(date -u +%F), $(git rev-parse --short HEAD 2>/dev/null || echo tree))"
         echo
-        "$PY" benchmarks/bench_render.py report "$OUT"/farm-*.json || true
+        "$PY" -m benchmarks.bench_render report "$OUT"/farm-*.json || true
         echo
-        [ -f "$OUT/memory-super.json" ] && "$PY" benchmarks/bench_memory.py report "$OUT"/memory-*.json
+        [ -f "$OUT/memory-super.json" ] && "$PY" -m benchmarks.bench_memory report "$OUT"/memory-*.json
         echo
         # What farm plan says of each run's manifest on this GPU and on an H100 80GB (NVML's 81,559 MiB = 79.6 GiB):
         # the need of every job, and which an H100 cannot hold (exit 1).

@@ -4,7 +4,7 @@ Sound latents ``[sound_dim, T_s]`` (one frame per ``hop_size`` waveform samples,
 Nano: 48 kHz over a 1920 hop) decode to a float waveform ``[channels, T_s * hop_size]``, as the
 published pipeline's ``decode_sound`` does. The latents are not normalised (the shipped AVAE has no
 latent mean/std). What the pipeline needs to size latents is read torch-free by
-``cosmos3.config.read_sound_support``; this module holds the weights.
+``cosmos3.rules.config.read_sound_support``; this module holds the weights.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from cosmos3.background_build import BackgroundBuild
-from cosmos3.config import SoundConfig
 from cosmos3.errors import CheckpointError, SoundTokenizerLoadError
 from cosmos3.library_import import LIBRARY_IMPORT
+from cosmos3.rules.config import SoundConfig
 
 
 class SoundTokenizer:

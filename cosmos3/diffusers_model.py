@@ -17,8 +17,8 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import (
     get_3d_mrope_ids_vae_tokens,
 )
 
-from cosmos3.checkpoint import CheckpointFiles
-from cosmos3.config import Cosmos3Config
+from cosmos3.checkpoint.weights import CheckpointFiles
+from cosmos3.rules.config import Cosmos3Config
 from cosmos3.transformer import GenOutput
 
 

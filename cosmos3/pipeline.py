@@ -32,15 +32,17 @@ import torch
 from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
-from cosmos3.cache_options import DEFAULT_CACHE, SeaCacheSettings, cache_runs_on, parse_cache
-from cosmos3.checkpoint_header import check_layout, check_sound_dir, transformer_dir
-from cosmos3.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.cuda_graphs import enable_cuda_graphs
-from cosmos3.load_options import Precision
+from cosmos3.errors import BackgroundLoadError
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
-from cosmos3.model_card import tasks_of
-from cosmos3.prompt import PromptSpec, PromptTokenizer
-from cosmos3.request import (
+from cosmos3.prompt_tokenizer import PromptTokenizer
+from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
+from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
+from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
+from cosmos3.rules.load_options import Precision
+from cosmos3.rules.model_card import tasks_of
+from cosmos3.rules.prompt import PromptSpec
+from cosmos3.rules.request import (
     NO_SOUND,
     TASKS,
     V2V_CONDITION_LATENT_FRAMES,
@@ -49,7 +51,8 @@ from cosmos3.request import (
     RequestRules,
     resolve,
 )
-from cosmos3.sampling import SamplingRecipe, guidance_at, load_recipe, make_scheduler, scheduler_step
+from cosmos3.rules.sampling import SamplingRecipe, guidance_at, load_recipe
+from cosmos3.scheduler import make_scheduler, scheduler_step
 from cosmos3.step_cache import StepCache
 from cosmos3.timing import Clock, MemoryProbe, StepTimes
 from cosmos3.vae import VAEBuild, WanVAE
@@ -133,7 +136,7 @@ class Cosmos3Pipeline:
         tasks: tuple[str, ...] = TASKS,
     ):
         self.model = model
-        self.cache = cache  # the step cache clips run (None: every step computes)
+        self.cache = cache  # the step cache stills and clips run (None: every step computes)
         self._vae = vae
         self.tokenizer = tokenizer
         self.recipe = recipe
@@ -190,9 +193,9 @@ class Cosmos3Pipeline:
         vs 15.2 s and 39.4 GiB in fp32 on the H200: benchmarks/results/h200-render.md) and in fp32 on the CPU.
 
         On CUDA the GEN steps replay CUDA graphs unless ``cuda_graphs=False``. ``precision``, ``step_precision``,
-        ``attention``, ``fp8_accumulation`` and ``parallel`` are ``cosmos3.load_options.LoadOptions`` (checked by
-        ``load_transformer``). ``cache``: the step cache clips run (``off``, ``seacache`` or its parameters,
-        cosmos3.cache_options; checked first). ``model``: a transformer to drive instead of loading ours (FP8
+        ``attention``, ``fp8_accumulation`` and ``parallel`` are ``cosmos3.rules.load_options.LoadOptions`` (checked by
+        ``load_transformer``). ``cache``: the step cache renders run (``off``, ``seacache`` or its parameters,
+        cosmos3.rules.cache_options; checked first). ``model``: a transformer to drive instead of loading ours (FP8
         calibration runs diffusers' model, the one ModelOpt quantizes, through this denoising loop, uncached).
 
         The text tokenizer loads in a thread, and the VAE builds in another started after it, both before the
@@ -205,7 +208,7 @@ class Cosmos3Pipeline:
         and move to the device where a job first needs them (I2V/V2V's encode, the decode: ``timings["vae_wait"]``);
         a failed VAE fails every job, a failed sound tokenizer every job with sound (silent ones still render).
         Either way what needs no diffusers fails here: ``vae/`` is checked before the transformer loads
-        (``cosmos3.checkpoint_header.check_vae_dir``: config.json, z_dim against the transformer's latent_channel,
+        (``cosmos3.rules.checkpoint_header.check_vae_dir``: config.json, z_dim against the transformer's latent_channel,
         the weights' header), as ``farm validate`` checks it.
         """
         root = Path(checkpoint_dir)
@@ -266,6 +269,23 @@ class Cosmos3Pipeline:
                 build.result()  # waits for the build; raises its error
         pipe._load_timings = {**timings, "total": clock() - started}
         return pipe
+
+    def warm_up(self) -> None:
+        """Pays now what a worker's first job would pay for its decode: the VAE's and the sound tokenizer's builds
+        (their move to the device), and a decode of two latent frames at the default still's and the default clip's
+        sizes, where a GPU's decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the H100, and
+        ~5 s more at a clip's 720p the first time; h100-vae-decode.md). A build that failed is left to the jobs
+        that need it to report, as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
+        for build in self._decoders():
+            try:
+                build.wait()
+            except BackgroundLoadError:
+                return
+        vae = self.vae
+        for task in ("t2i", "t2v"):
+            plan = resolve(RenderRequest(task=task, prompt="warm-up"), self.rules)
+            frames = min(plan.frames, 1 + vae.config.temporal_factor)  # the first chunk and one after it
+            vae.decode(torch.zeros(vae.config.latent_shape(frames, plan.height, plan.width), device=self.device))
 
     # -- stages ------------------------------------------------------------------------------------
 
@@ -429,9 +449,9 @@ class Cosmos3Pipeline:
         )
 
     def _step_cache(self, plan: RenderPlan, scheduler) -> StepCache | None:
-        """The job's step cache: clips (cache_options.cache_runs_on) on the base sampler only; a distilled schedule has
-        four steps, re-noised. A step policy's W8A16 edge steps are always computed."""
-        if self.cache is None or not cache_runs_on(plan.frames) or self.recipe.is_distilled:
+        """The job's step cache, stills and clips alike (cache_options says why), on the base sampler only: a distilled
+        schedule has four steps, re-noised. A step policy's W8A16 edge steps are always computed."""
+        if self.cache is None or self.recipe.is_distilled:
             return None
         n = len(scheduler.timesteps)
         controller = getattr(self.model, "step_controller", None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from cosmos3.cache_options import SeaCacheSettings
+from cosmos3.rules.cache_options import SeaCacheSettings
 
 SIGMA_EPS = 1e-6  # sigma is clamped into (0, 1) so neither the signal nor the noise weight vanishes
 POWER_EPS = 1e-16  # keeps the prior finite at frequency 0 and the gain's denominator positive

@@ -4,7 +4,7 @@ Every layer holds both towers' parameters (names as in the diffusers flat checkp
 UND is causal over text and never sees GEN, so its per-layer K/V are computed once per request
 and CFG branch (``encode_text``) and every denoising step runs only the GEN tower against them.
 There is no AdaLN: the timestep enters as an additive embedding on noisy frames only.
-References: reference/cosmos3-architecture.md §1-§3; diffusers ``transformer_cosmos3.py``.
+References: docs/checkpoints.md §1-§3; diffusers ``transformer_cosmos3.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from cosmos3.config import Cosmos3Config
 from cosmos3.layers.attention import GEN, UND, MoTAttention
 from cosmos3.layers.attention_kernels import AttentionKernels
 from cosmos3.layers.embeddings import DomainAwareLinear, TimestepEmbedding, patchify, unpatchify
@@ -26,6 +25,7 @@ from cosmos3.layers.mlp import GatedMLP
 from cosmos3.layers.norm import RMSNorm
 from cosmos3.layers.rope import MRoPE, grid_positions, text_positions
 from cosmos3.quant import UNQUANTIZED, get_quant_method
+from cosmos3.rules.config import Cosmos3Config
 
 VAE_TEMPORAL_COMPRESSION = 4  # Wan 2.2 VAE: 4 pixel frames per latent frame (fps modulation uses it)
 

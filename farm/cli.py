@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm import claims, lease, memory, storage
+from farm import claims, lease, memory, storage, terminal
 from farm import manifest as manifests
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
@@ -55,7 +55,7 @@ def print_result(do: Callable[[argparse.Namespace], Result]) -> Callable[[argpar
         if args.output == "json":
             print(json.dumps({"ok": result.ok, **result.data}, indent=2, default=str))
         else:
-            print(result.text, file=sys.stdout if result.ok else sys.stderr)
+            print(terminal.escape(result.text, lines=True), file=sys.stdout if result.ok else sys.stderr)
         return result.exit_code
 
     return run
@@ -77,7 +77,7 @@ def _load(path: str) -> manifests.Manifest:
         why = err.strerror or str(err)
         if err.errno == errno.ENAMETOOLONG:
             why = storage.too_long(os.path.abspath(path)) or f"{why}: a name in it is longer than its file system takes"
-        raise StateError(f"cannot read manifest {path}: {why}") from err
+        raise StateError(f"cannot read manifest {terminal.escape(path)}: {why}") from err
     claims.check(m)
     return m
 
@@ -89,7 +89,7 @@ def _load(path: str) -> manifests.Manifest:
 def do_validate(args: argparse.Namespace) -> Result:
     m = _load(args.manifest)
     ids = len({job.id for job in m.jobs})
-    text = f"{Path(m.path).name}: ok, {ids} jobs -> {len(m.jobs)} renders into {m.output_root}"
+    text = f"{terminal.escape(Path(m.path).name)}: ok, {ids} jobs -> {len(m.jobs)} renders into {m.output_root}"
     return Result(True, text, {"manifest": m.path, "jobs": ids, "renders": len(m.jobs)})
 
 
@@ -207,7 +207,7 @@ def do_status(args: argparse.Namespace) -> Result:
         expected = f"{storage.RECORDS_DIR}/<name>/state.json"
         hint = ("; farm status takes an output root (a manifest's output.root), not a file"
                 if Path(args.output_root).is_file() else "")
-        raise StateError(f"no farm records under {args.output_root} (expected {expected}){hint}")
+        raise StateError(f"no farm records under {terminal.escape(args.output_root)} (expected {expected}){hint}")
     rows = [_status_row(args.output_root, name, state) for name, state in states.items()]
     # A damaged state's note is a line of its own under the table, not a column every row would be as wide as.
     notes = [f"{row['manifest']}: {row['damaged']}" for row in rows if "damaged" in row]
@@ -254,7 +254,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {terminal.escape(text)}")
     return value
 
 

@@ -30,6 +30,7 @@ except ImportError:  # a Ray without token authentication
     authentication_token_setup = None
 
 from farm import memory as farm_memory
+from farm import terminal
 from farm.errors import ClusterError
 from farm.job import ModelSpec
 from farm.memory import CLASS_SLIVER
@@ -160,14 +161,16 @@ def _forward_worker_logs_only() -> None:
     """Ray prints in the driver what every node sends it: its workers' log lines (a job's traceback is the
     user's to see) and its raylets' (their stderr, and notices such as a dead raylet's last log lines, pages of
     `[state-dump]`). The raylets' are dropped: a lost node is the run's one `node_lost` line, and a worker's
-    death reaches the events log as its job's error. Both kinds pass through one printer, wrapped here once."""
+    death reaches the events log as its job's error. Both kinds pass through one printer, wrapped here once, which
+    also shows a worker's lines through `terminal.escape`."""
     printer = ray_worker.print_worker_logs
     if getattr(printer, "drops_raylet_lines", False):
         return
 
     def print_worker_logs(data: dict, print_file: Any, ignore_prefix: bool = False) -> None:
-        if data.get("pid") != "raylet":
-            printer(data, print_file, ignore_prefix)
+        if data.get("pid") != "raylet":  # a worker's lines may quote a prompt: shown as the farm's own lines are
+            printer({**data, "lines": [terminal.escape(line) for line in data.get("lines", [])]}, print_file,
+                    ignore_prefix)
 
     print_worker_logs.drops_raylet_lines = True
     ray_worker.print_worker_logs = print_worker_logs

@@ -23,6 +23,8 @@ from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
+from farm import terminal
+
 try:  # libyaml's parser, ~6x faster; the composer stays PyYAML's so that `_Loader` can count what it builds
     from yaml._yaml import CParser
 
@@ -310,7 +312,7 @@ def format_path(path: Path_, job_ids: dict[int, str] | None = None) -> str:
         if isinstance(item, int) and parts:
             parts[-1] += f"[{item}]"
         else:
-            parts.append(str(item))
+            parts.append(terminal.escape(str(item)))  # a key is the manifest's: any string YAML can hold
     if job_ids and len(path) > 1 and path[0] == "jobs" and path[1] in job_ids:
-        parts[0] += f" (id={job_ids[path[1]]})"
+        parts[0] += f" (id={terminal.escape(job_ids[path[1]])})"
     return " -> ".join(parts)

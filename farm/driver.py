@@ -184,7 +184,7 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
                  gpu_memory_need_gib=round(model.memory.need / memory.GIB, 1), gpu_memory_job=model.memory.job,
                  gpu_memory_classes=[name for name, _ in plan.classes])
         scheduler = Scheduler(todo, cluster.launcher(plan, model, options.factory, origin), plan.count,
-                              settings, log, RunMetrics(manifest.name),
+                              settings, log, RunMetrics(manifest.name, len(todo)),
                               cluster.capacity(plan, options.workers, options.max_workers))
         report.outcomes = scheduler.run()
         report.interrupted = scheduler.interrupted

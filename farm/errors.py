@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm import terminal
+
 
 class FarmError(Exception):
     """Base class: something the user can fix (a manifest, a path, a cluster address)."""
@@ -33,9 +35,9 @@ class ManifestError(FarmError):
         super().__init__(self._text())
 
     def _text(self) -> str:
-        count = len(self.problems)
-        header = f"{count} error{'s' if count != 1 else ''} in {self.path.name}"
-        return "\n".join([header, *(p.render(self.path.name) for p in self.problems)])
+        count, name = len(self.problems), terminal.escape(self.path.name)
+        header = f"{count} error{'s' if count != 1 else ''} in {name}"
+        return "\n".join([header, *(p.render(name) for p in self.problems)])
 
 
 class ClusterError(FarmError):

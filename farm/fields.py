@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from cosmos3.request import shown
+from cosmos3.rules.request import shown
 
 Checker = Callable[[Any], Any]
 

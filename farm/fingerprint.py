@@ -1,6 +1,6 @@
 """A checkpoint's identity for "the same model": what decides the pixels, read from the files the loader reads.
 
-The fingerprint covers the checkpoint's components (`cosmos3.checkpoint_header.COMPONENTS` and the sound
+The fingerprint covers the checkpoint's components (`cosmos3.rules.checkpoint_header.COMPONENTS` and the sound
 tokenizer), every file directly in each by content: configs, tokenizer files, safetensors indexes and the
 weights themselves, so a fine-tune that scales one tensor in place is another model. Nothing else under the
 checkpoint folder counts (notes, renders, a copy of the farm's records). Paths are relative, so a moved copy
@@ -18,8 +18,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from cosmos3.checkpoint_header import COMPONENTS
-from cosmos3.config import SOUND_TOKENIZER_DIR
+from cosmos3.rules.checkpoint_header import COMPONENTS
+from cosmos3.rules.config import SOUND_TOKENIZER_DIR
 from farm import storage
 from farm.errors import StorageFault
 

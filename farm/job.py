@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from cosmos3.cache_options import DEFAULT_CACHE, cache_identity, cache_runs_on
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RenderRequest
+from cosmos3.rules.cache_options import hashed_cache
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RenderRequest
 
 CONFIG_FORMAT = "farm-config-v2"  # v2: the request is cosmos3's RenderRequest, every load option is hashed
 
@@ -34,12 +34,12 @@ class JobState(str, Enum):
 
 @dataclass(frozen=True)
 class PlannedMemory:
-    """The GPU memory the manifest's largest job needs (`cosmos3.memory_plan`), which a worker checks its GPU against
-    before it loads anything."""
+    """The GPU memory the manifest's largest job needs (`cosmos3.rules.memory_plan`), which a worker checks its GPU
+    against before it loads anything."""
 
     need: int  # bytes, with the VAE decode tiled where that needs less
     job: str  # the job's key
-    detail: str  # cosmos3.memory_plan.JobMemory.describe()
+    detail: str  # cosmos3.rules.memory_plan.JobMemory.describe()
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,7 @@ def config_hash(request: RenderRequest, model: ModelSpec, input_hash: Callable[[
     for key in ("image", "video"):
         fields[key] = input_hash(fields[key]) if fields[key] else None
     load = dict(vars(model.options))
-    # One render, one hash: the cache as its settings, not as written; a still computes every step, so whatever
-    # `cache` says it is hashed as the default.
-    load["cache"] = cache_identity(load["cache"] if cache_runs_on(request.frames) else DEFAULT_CACHE)
+    load["cache"] = hashed_cache(load["cache"], request.frames)
     identity = {"format": CONFIG_FORMAT, "request": fields, "checkpoint": model.fingerprint,
                 "load": load, "outputs": list(outputs)}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from farm import storage
 from farm.errors import FarmError
+from farm.processes import pid_alive
 
 REFRESH = 5.0  # seconds between touches of a held lease
 STALE = 60.0  # seconds of the reader's monotonic clock a lease elsewhere may go untouched before its owner is dead
@@ -93,17 +94,6 @@ class LeaseDamaged(FarmError):
         super().__init__(f"{path} is not a lease the farm wrote ({problem}); if no `farm submit` of "
                          f"{path.parent.name} into {path.parents[2]} is running (check its host), delete the file "
                          "and submit again")
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host exists (signal 0 only checks)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
 
 
 def look(path: Path) -> Look | None:

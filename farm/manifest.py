@@ -3,7 +3,7 @@
 `load()` checks everything before Ray starts and reports every problem at once, each with
 `file:line`, the job and the field (`city.yaml:14: jobs[2] (id=extend) -> size[0]: width: 1000 is not a
 multiple of 16 (use 992 or 1008)`). The rules of the model are cosmos3's own, torch-free: the `model`
-section goes through `cosmos3.load_options` and every job's request through `cosmos3.request`, the very
+section goes through `cosmos3.rules.load_options` and every job's request through `cosmos3.rules.request`, the very
 checks a worker's pipeline runs, so a manifest that validates renders; this module only says where in
 the YAML each (field, message) pair cosmos3 reports comes from. Defaults resolve job field -> manifest
 `defaults` -> cosmos3's task default; paths resolve against the manifest's folder; a sweep
@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3 import checkpoint_header, load_options
-from cosmos3 import request as requests
-from cosmos3.config import Cosmos3Config, uses_static_fp8
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.errors import Problem as FieldProblem
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RenderRequest, RequestRules, shown
-from farm import document, fields, fingerprint, storage
+from cosmos3.rules import checkpoint_header, load_options
+from cosmos3.rules import request as requests
+from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RenderRequest, RequestRules, shown
+from farm import document, fields, fingerprint, storage, terminal
 from farm import template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
@@ -194,7 +194,7 @@ class _Resolver:
             return None
         root = self.base / value
         if not root.is_dir():
-            self.error(where, f"{value} is not a directory (resolved to {root})")
+            self.error(where, f"{terminal.escape(value)} is not a directory (resolved to {terminal.escape(str(root))})")
             return None
         root = root.resolve()
         try:
@@ -223,6 +223,9 @@ class _Resolver:
         template = self._value(raw, ("output", "path"), fields.text(required=True), templates.DEFAULT)
         if template is not None and not self._template_ok(template):
             template = None
+        if root is not None and (character := terminal.acting(root)) is not None:
+            self.error(("output", "root"), f"{root!r} holds {character}, {terminal.NOT_A_NAME}")
+            root = None
         if root is None:
             return None, template
         resolved = (self.base / root).resolve()

@@ -1,4 +1,4 @@
-"""A manifest's GPU memory, planned before anything starts (`cosmos3.memory_plan` per job), and the GPU memory
+"""A manifest's GPU memory, planned before anything starts (`cosmos3.rules.memory_plan` per job), and the GPU memory
 classes of a Ray cluster's nodes.
 
 A node says how much memory each of its GPUs has with a custom resource `gpu_memory_gib:<N>` (N: a GPU's total
@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from cosmos3.cache_options import parse_cache
-from cosmos3.memory_plan import GIB, JobMemory, ModelMemory, plan_request
-from cosmos3.request import RequestRules
+from cosmos3.rules.cache_options import parse_cache
+from cosmos3.rules.memory_plan import GIB, JobMemory, ModelMemory, plan_request
+from cosmos3.rules.request import RequestRules
 from farm.errors import FarmError
 from farm.job import PlannedMemory
 from farm.manifest import Manifest

@@ -10,7 +10,7 @@ An attempt has two calls on its worker: `render` (the GPU's work; the worker kee
 holds the GPU; a worker publishes at most one job beside a render, and one with two publishes waiting renders
 nothing until one has ended. A job is done when its publish has returned and verifies.
 
-Failure policies (reference/farm-anchors.md §6):
+Failure policies:
 - a job the model refuses (cosmos3's PipelineError or ConfigError: the user's mistake) fails at once, without
   retries, and does not count against its worker; so does a job with sound when the checkpoint's sound tokenizer
   did not build (SoundTokenizerLoadError: no worker could make its sound), while its silent jobs render;
@@ -52,11 +52,12 @@ from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cosmos3.errors import ConfigError, PipelineError, SoundTokenizerLoadError
-from farm import lease, storage
+from farm import storage
 from farm.errors import JobFault, OutputPathError, StorageFault, WorkerStartError
 from farm.events import RunLog
 from farm.job import Job, JobState
 from farm.metrics import RunMetrics
+from farm.processes import pid_alive
 
 RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
 JOB_FAULT_AFTER = 2  # different workers a job failed on: then it is the job, not them
@@ -553,7 +554,7 @@ def _wait_exited(slots: list[Slot]) -> None:
 
 
 def _until_gone(pid: int, deadline: float) -> None:
-    while lease.pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
 
 

@@ -15,6 +15,7 @@ import string
 from pathlib import Path
 from typing import Any
 
+from farm import terminal
 from farm.errors import OutputPathError
 
 FIELDS = ("name", "id", "seed", "task", "width", "height", "steps")
@@ -52,8 +53,8 @@ def check(template: str, reserved: str) -> None:
 def _check_layout(template: str, shape: str, reserved: str) -> None:
     fix = f"use a relative path such as {DEFAULT}"
     components = shape.split("/")
-    if any(ord(c) < 32 for c in shape):
-        raise TemplateError(f"{template!r} holds a control character")
+    if (character := terminal.acting(shape)) is not None:
+        raise TemplateError(f"{template!r} holds {character}, {terminal.NOT_A_NAME}")
     if shape.startswith("/") or ".." in components:
         raise TemplateError(f"{template!r} leaves output.root; {fix}")
     if components[0] == reserved:

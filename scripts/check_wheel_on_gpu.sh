@@ -23,8 +23,8 @@ else
   echo "wheel built in $(( $(date +%s) - start )) s: $(ls "$work"/dist)"
 fi
 "$PY" -m pip install -q --no-deps --no-index --target "$work/site" "$work"/dist/*.whl || exit 1
-ls "$work/site/cosmos3" | grep -E "_cuda_ops" ; cat "$work/site/cosmos3/_cuda_ops_build.json"
-cuobjdump --list-elf --list-ptx "$work"/site/cosmos3/_cuda_ops*.so 2>&1 | head -20
+ls "$work/site/cosmos3/ops" | grep -E "_cuda_ops" ; cat "$work/site/cosmos3/ops/_cuda_ops_build.json"
+cuobjdump --list-elf --list-ptx "$work"/site/cosmos3/ops/_cuda_ops*.so 2>&1 | head -20
 
 # The GPU tests against the installed wheel: tests (and the benchmarks' input builders some of them use) copied
 # out of the checkout, nvcc hidden.
@@ -56,6 +56,6 @@ print("farm submit: sidecar worker.ops", ops)
 sys.exit(0 if ops and ops["source"] == "prebuilt" else 1)
 PYEOF
 
-PYTHONPATH="$PWD${DEPS:+:$DEPS}" "$PY" benchmarks/bench_ops_load.py --prebuilt "$work/site" --source . \
+PYTHONPATH="$PWD${DEPS:+:$DEPS}" "$PY" -m benchmarks.bench_ops_load --prebuilt "$work/site" --source . \
   ${DEPS:+--deps "$DEPS"} --concurrent 4 --repeats "${REPEATS:-3}" 2>&1 | tee "$LOGS/bench_ops_load.log" || status=1
 exit "$status"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Compile-only check of every cosmos3/csrc/*.cu for the targets the wheel is built for (cosmos3/ops_build.py:
+# Compile-only check of every cosmos3/ops/csrc/*.cu for the targets the wheel is built for (cosmos3/ops/build.py:
 # sm_90 for H200, sm_100 for B200, compute_100 PTX; TORCH_CUDA_ARCH_LIST overrides, as for the wheel), so a
 # kernel that does not build cannot land. The .cu files are torch-free, so plain nvcc works; the defines are
 # the ones torch.utils.cpp_extension passes, so code that needs them fails here too. Objects go to a temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}
-mapfile -t GENCODES < <(python3 cosmos3/ops_build.py)
+mapfile -t GENCODES < <(python3 cosmos3/ops/build.py)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -17,7 +17,7 @@ flags=(-std=c++17 -O3 --Werror all-warnings --expt-relaxed-constexpr
 # One nvcc per (file, target), all at once: each compiles its device code on one core.
 pids=()
 names=()
-for src in cosmos3/csrc/*.cu; do
+for src in cosmos3/ops/csrc/*.cu; do
   for gencode in "${GENCODES[@]}"; do
     target=${gencode##*code=}
     "$NVCC" "${flags[@]}" "$gencode" -c "$src" -o "$out/$(basename "$src" .cu).${target}.o" &

@@ -10,7 +10,7 @@ Stages: word-level tokenizer -> a small AutoencoderKLWan trained on drawn scenes
 Cosmos3AVAEAudioTokenizer trained to sound each clip's tone (toy.audio) -> latents of a fixed scene set
 (clips with their sound latents) -> diffusers' Cosmos3OmniTransformer trained by flow matching on
 vision and sound tokens together (EMA weights kept) -> the BF16
-checkpoint -> ModelOpt (cosmos3.fp8_export, ``pip install .[quantize]``) calibrates on real renders of
+checkpoint -> ModelOpt (cosmos3.checkpoint.fp8_export, ``pip install .[quantize]``) calibrates on real renders of
 our pipeline (sound on) and writes the static FP8 checkpoint, with the published diffusion_step_policy ->
 accuracy of FP8 renders, read from their pixels and their tones. Everything is seeded: the same arguments
 on the same machine give the same files.
@@ -40,10 +40,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY, export_fp8  # noqa: E402
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY, export_fp8  # noqa: E402
 from cosmos3.media import resize_cover_crop  # noqa: E402
 from cosmos3.pipeline import Cosmos3Pipeline  # noqa: E402
-from cosmos3.prompt import PromptSpec, PromptTokenizer, with_metadata  # noqa: E402
+from cosmos3.prompt_tokenizer import PromptTokenizer  # noqa: E402
+from cosmos3.rules.prompt import PromptSpec, with_metadata  # noqa: E402
 from toy import audio, flow, measure, scenes  # noqa: E402
 from toy.layout import (  # noqa: E402
     PROMPT_WORDS,

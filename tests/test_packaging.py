@@ -1,4 +1,4 @@
-"""The package builds on a machine without CUDA: pure Python, csrc/ inside cosmos3, nothing compiled.
+"""The package builds on a machine without CUDA: pure Python, csrc/ inside cosmos3/ops, nothing compiled.
 
 A real ``pip wheel`` of a copy of this checkout (the files git tracks), with this environment's CPU torch
 visible to setup.py (``--no-build-isolation``), which is the case where setup.py must decide to compile nothing.
@@ -24,7 +24,7 @@ def source_copy(tmp_path_factory) -> Path:
     """The tracked files of the checkout, so the build writes its build/ and egg-info there, not here."""
     copy = tmp_path_factory.mktemp("src")
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "setup.py", "pyproject.toml",
-                             "README.md", "cosmos3", "farm", "worker"],
+                             "README.md", "cosmos3", "farm", "worker", "toy", "testbed", "benchmarks"],
                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     for name in listed:
         if (ROOT / name).is_file():
@@ -34,7 +34,7 @@ def source_copy(tmp_path_factory) -> Path:
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the build on a machine with a CPU torch")
-def test_the_cpu_build_is_pure_python_with_csrc_inside_cosmos3(source_copy, tmp_path):
+def test_the_cpu_build_is_pure_python_with_csrc_inside_cosmos3_ops(source_copy, tmp_path):
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
                             "--no-index", "-w", str(tmp_path), str(source_copy)],
                            capture_output=True, text=True, check=True)
@@ -42,9 +42,10 @@ def test_the_cpu_build_is_pure_python_with_csrc_inside_cosmos3(source_copy, tmp_
     [wheel] = tmp_path.glob("*.whl")
     assert wheel.name == "cosmos3_farm-0.1.0-py3-none-any.whl"  # no compiled code: any platform
     names = zipfile.ZipFile(wheel).namelist()
-    kernels = sorted(n for n in names if n.startswith("cosmos3/csrc/"))
-    assert kernels == sorted(f"cosmos3/csrc/{p.name}" for p in (ROOT / "cosmos3" / "csrc").iterdir())
+    kernels = sorted(n for n in names if n.startswith("cosmos3/ops/csrc/"))
+    assert kernels == sorted(f"cosmos3/ops/csrc/{p.name}" for p in (ROOT / "cosmos3" / "ops" / "csrc").iterdir())
     assert not [n for n in names if n.startswith("csrc/") or n.endswith((".so", ".o"))]
+    assert {n.split("/")[0] for n in names if "/" in n and ".dist-info/" not in n} == {"cosmos3", "farm", "worker"}
 
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="checks the build on a machine with a CPU torch")

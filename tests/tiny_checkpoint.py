@@ -5,7 +5,7 @@
     root = make_tiny_checkpoint(tmp_path / "c", num_hidden_layers=3)     # transformer config override
     root = make_tiny_checkpoint(tmp_path / "s", sound=True)              # sound_gen + a sound_tokenizer/
 
-Layout (reference §2.3, §5.2): ``model_index.json``, ``transformer/`` (diffusers
+Layout (docs/checkpoints.md §1, §5.2): ``model_index.json``, ``transformer/`` (diffusers
 ``Cosmos3OmniTransformer.save_pretrained``: bf16 safetensors shards, ``time_embedder`` in fp32, the
 index, and a config.json that also carries the published-only keys), ``vae/`` (``AutoencoderKLWan``
 in the Wan 2.2 shape: patchified, residual, spatial factor 16, temporal factor 4,

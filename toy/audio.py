@@ -16,7 +16,7 @@ import time
 import numpy as np
 import torch
 
-from cosmos3.config import SoundConfig
+from cosmos3.rules.config import SoundConfig
 from toy.scenes import COLOURS, FPS, FRAMES, LOUD, PITCHES, QUIET, TONE_PEAK, Scene, loudness
 
 # 8000 Hz, the lowest rate an AAC track carries, over a 320-sample hop: 25 latent frames per second.

@@ -7,7 +7,7 @@ modules (embeddings, decoder layers, heads) in the order diffusers' ``forward`` 
 ids from the diffusers pipeline's builders. ``tests/toy/test_flow.py`` checks both against diffusers'
 forward and against our inference model.
 
-Objective (reference §4.2): ``x_s = (1 - s) x0 + s noise`` and the model predicts the velocity
+Objective (docs/checkpoints.md §4.2): ``x_s = (1 - s) x0 + s noise`` and the model predicts the velocity
 ``noise - x0`` at timestep ``1000 s``; UniPC's ``flow_prediction`` reads it back as
 ``x0 = x_s - s v``, which is what the pipeline's sampler does. A clip's sound latents, when given,
 follow the vision tokens in the GEN stream at the same noise level, as the pipeline denoises them.

@@ -1,4 +1,4 @@
-"""Write a Cosmos3 checkpoint in the published directory layout (reference §2.3, §5.2).
+"""Write a Cosmos3 checkpoint in the published directory layout (docs/checkpoints.md §1, §5.2).
 
 ``model_index.json``; ``transformer/`` (diffusers ``Cosmos3OmniTransformer.save_pretrained``: bf16
 safetensors shards, ``time_embedder`` in fp32, the index, and a config.json that also carries the
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 # Keys the published transformer/config.json carries that diffusers' constructor does not take
-# (reference §2.1); written so loaders meet the real file's shape.
+# (docs/checkpoints.md §2); written so loaders meet the real file's shape.
 PUBLISHED_ONLY_KEYS = {
     "model_type": "qwen3_vl_text",
     "dtype": "bfloat16",
@@ -69,7 +69,7 @@ DISTILLED_SCHEDULER = {
 }
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]
-# Every word of the system prompts and metadata sentences (cosmos3.prompt), the chat roles and the
+# Every word of the system prompts and metadata sentences (cosmos3.rules.prompt), the chat roles and the
 # digits: what any prompt is wrapped in. A checkpoint's vocabulary adds its caption words.
 PROMPT_WORDS = (
     "you are a helpful assistant who will generate videos images from give prompt "

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cosmos3.request import RenderRequest
+from cosmos3.rules.request import RenderRequest
 
 # Named colours, far apart in RGB so a render's colours classify by nearest name. Kept inside
 # [20, 235]: the VAE decoder clamps to [-1, 1], and a target on the clamp would get no gradient.

@@ -23,7 +23,7 @@ import ray
 import structlog
 
 from cosmos3.errors import BackgroundLoadError, SoundTokenizerLoadError
-from cosmos3.request import RenderRequest
+from cosmos3.rules.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
@@ -49,8 +49,9 @@ class Output(Protocol):
 # renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" and "sound_tokenizer" are
 # their builds' own seconds, which on a cosmos3 worker run in the background, beside the rest and after ready()
 # (the sound tokenizer's is None on a silent checkpoint); "tokenizer" is the text tokenizer's own, beside the
-# transformer's load; "total" is the pipeline's load until it was ready, and the sidecar's "worker" the whole
-# start until ready().
+# transformer's load; "total" is the pipeline's load until it was ready; the sidecar's "warm_up" the renderer's
+# warm-up after it (the background builds waited for, the decoder's set-up), and "worker" the whole start until
+# ready(), the warm-up included.
 WORKER_START_FIELDS = ("ops", "tokenizer", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
                        "checkpoint_gb_per_s", "vae", "sound_tokenizer", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
@@ -64,6 +65,9 @@ class Renderer(Protocol):
     device: str
     facts: dict  # where it renders, for the sidecar: GPU UUID, where the CUDA ops came from and how long they took
     load_timings: dict  # seconds (and bytes) per stage of loading the model, see WORKER_START_FIELDS
+
+    def warm_up(self) -> None:
+        """Pays at the worker's start what its first job would otherwise pay (builds, a GPU's set-up per size)."""
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
@@ -81,6 +85,9 @@ class _Cosmos3Renderer:
     @property
     def load_timings(self) -> dict:
         return self._pipeline.load_timings  # its "vae" is known once the background build has ended
+
+    def warm_up(self) -> None:
+        self._pipeline.warm_up()
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         return self._pipeline(request, callback=callback)
@@ -173,13 +180,16 @@ class RenderWorker:
             configure_cuda_allocator()
             check_gpu_memory(gpus[0], model.memory)  # before a byte of weights is read
         self._renderer = factory(model, bool(gpus))
+        warm_up = time.perf_counter()
+        self._renderer.warm_up()  # ready() means warm: the first job pays no set-up a later one does not
+        self._warm_up_seconds = time.perf_counter() - warm_up
         self._gpu = self._renderer.device != "cpu"
         uuid = self._renderer.facts.get("gpu_uuid")
         self._telemetry = gpu_telemetry.open_device(uuid) if self._gpu and uuid else None
         self._ready_seconds = time.perf_counter() - started
         self._origin = origin
-        self._progress = metrics.WorkerProgress(slot)
-        self._gpu_gauges = metrics.WorkerGpu(slot) if self._telemetry is not None else None
+        self._progress = metrics.WorkerProgress(slot, origin["name"])
+        self._gpu_gauges = metrics.WorkerGpu(slot, origin["name"]) if self._telemetry is not None else None
         self._rendered: dict[tuple[str, int], _Rendered] = {}  # (job key, attempt) -> a render its publish takes
         self._identity = {
             "slot": slot, "node": context.get_node_id(), "host": socket.gethostname(),
@@ -266,5 +276,6 @@ class RenderWorker:
         """The start's figures, read per job: the VAE's seconds arrive when its background build ends. The host's
         peak RSS of this process so far (Linux reports KiB) says whether a load held a second copy of the weights."""
         loaded = self._renderer.load_timings
-        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "worker": self._ready_seconds,
+        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "warm_up": self._warm_up_seconds,
+                "worker": self._ready_seconds,
                 "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

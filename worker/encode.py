@@ -26,8 +26,8 @@ import imageio.v3 as iio
 import imageio_ffmpeg
 import numpy as np
 
-from farm import lease
 from farm.errors import StorageFault
+from farm.processes import pid_alive
 
 # Visually lossless H.264; yuv420p is what browsers and players decode; faststart puts the index first
 # so a partially downloaded file starts playing. Preset veryfast: x264's medium took 5.8 s for a Nano clip
@@ -242,7 +242,7 @@ def sweep_orphaned_scratch() -> list[Path]:
     removed = []
     for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         pid = folder.name[len(prefix):].partition("-")[0]
-        if pid.isdigit() and not lease.pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cosmos3.request import RenderRequest, RequestRules, resolve
+from cosmos3.rules.request import RenderRequest, RequestRules, resolve
 from farm.job import ModelSpec
 
 
@@ -50,6 +50,9 @@ class FakeRenderer:
     def __init__(self, rules: RequestRules, seconds_per_step: float):
         self.rules, self.seconds_per_step = rules, seconds_per_step
         self.facts = {}  # no GPU, no kernels
+
+    def warm_up(self) -> None:
+        pass  # it loads and sets up nothing
 
     def __call__(self, request: RenderRequest, callback) -> FakeOutput:
         plan = resolve(request, self.rules)  # raises PipelineError, as Cosmos3Pipeline does

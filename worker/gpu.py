@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from cosmos3.memory_plan import GIB
+from cosmos3.rules.memory_plan import GIB
 from farm.errors import WorkerConfigError
 from farm.job import PlannedMemory
 

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from cosmos3.attention_choice import check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.ops import FP8, quantize_fp8
-from cosmos3.ops_cpu import FP8_MAX
+from cosmos3.ops.cpu import FP8_MAX
+from cosmos3.rules.attention_choice import check_attention
 
 log = structlog.get_logger(__name__)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from cosmos3.load_options import FP8_ACCUMULATIONS
 from cosmos3.quant.base import LinearMethod
 from cosmos3.quant.fp8_dynamic import DynamicFP8LinearMethod
 from cosmos3.quant.fp8_static import StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.quant.w8a16 import W8A16LinearMethod
+from cosmos3.rules.load_options import FP8_ACCUMULATIONS
 
 PRECISIONS = ("bf16", "fp8-dynamic", "fp8-static")
 
@@ -23,7 +23,7 @@ STATIC_FP8 = _FP8["fp8-static", "fast"]
 
 def get_quant_method(precision: str, accumulation: str = "fast") -> LinearMethod:
     """The method for decoder projections under ``precision`` (modules on the ignore list use UNQUANTIZED);
-    FP8 methods sum as ``accumulation`` says (``cosmos3.load_options.FP8_ACCUMULATIONS``)."""
+    FP8 methods sum as ``accumulation`` says (``cosmos3.rules.load_options.FP8_ACCUMULATIONS``)."""
     if precision == "bf16":
         return UNQUANTIZED
     if precision not in PRECISIONS:

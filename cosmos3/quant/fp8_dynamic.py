@@ -21,7 +21,7 @@ def per_tensor_scale(t: torch.Tensor) -> torch.Tensor:
 
 class DynamicFP8LinearMethod(LinearMethod):
     def __init__(self, accumulation: str):
-        self.accumulation = accumulation  # how scaled_mm sums (cosmos3.load_options.FP8_ACCUMULATIONS)
+        self.accumulation = accumulation  # how scaled_mm sums (cosmos3.rules.load_options.FP8_ACCUMULATIONS)
 
     def create_weights(self, layer, dtype):
         layer.weight = torch.nn.Parameter(torch.empty(layer.out_features, layer.in_features, dtype=FP8), False)

@@ -1,7 +1,7 @@
 """ModelOpt static per-tensor FP8 (W8A8): every tensor and scale exactly as calibrated.
 
 ``x_fp8 = sat_e4m3(x / input_scale)``; ``y = (x_fp8 @ W_fp8^T) * input_scale * weight_scale (+ b)``
-through ``torch._scaled_mm`` on CUDA, summed as the load option ``fp8_accumulation`` says (cosmos3.load_options),
+through ``torch._scaled_mm`` on CUDA, summed as the load option ``fp8_accumulation`` says (cosmos3.rules.load_options),
 and on the CPU as an fp32 product of the same e4m3 operands (see ``scaled_mm``). A layer is
 never fused: each projection keeps its own weight_scale, so nothing is rounded twice (projections that read one
 input may run as one GEMM with per-column scales, the same products: cosmos3/layers/packed.py). Scales
@@ -33,8 +33,8 @@ def scaled_mm(x_fp8: torch.Tensor, weight: torch.Tensor, scale_a, scale_b, out_d
               accumulation: str) -> torch.Tensor:
     """``[..., K] fp8 x [N, K] fp8 -> [..., N]`` with scales read on the device: per tensor (0-d or [1]), or per
     row ``[M, 1]`` and per column ``[1, N]`` (a packed group, cosmos3/layers/packed.py). ``accumulation`` is one
-    of ``cosmos3.load_options.FP8_ACCUMULATIONS``: on CUDA, "fast" sums in the tensor cores' accumulator and "fp32"
-    promotes the partial sums to fp32 every K block.
+    of ``cosmos3.rules.load_options.FP8_ACCUMULATIONS``: on CUDA, "fast" sums in the tensor cores' accumulator and
+    "fp32" promotes the partial sums to fp32 every K block.
 
     On the CPU the operands go up to fp32, which holds every e4m3 value exactly: the same scaled product with
     fp32 accumulation, in another summation order. oneDNN's FP8 matmul is its reference loop on CPUs without
@@ -54,7 +54,7 @@ class StaticFP8LinearMethod(LinearMethod):
     shares_input_quant = True
 
     def __init__(self, accumulation: str):
-        self.accumulation = accumulation  # how scaled_mm sums (cosmos3.load_options.FP8_ACCUMULATIONS)
+        self.accumulation = accumulation  # how scaled_mm sums (cosmos3.rules.load_options.FP8_ACCUMULATIONS)
 
     def create_weights(self, layer, dtype):
         if layer.is_fused:

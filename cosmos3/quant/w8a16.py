@@ -5,7 +5,7 @@ tower when the policy says ``reasoner: a16``. ``input_scale`` is unused. The deq
 per-call temporary, unless a ``DequantizedWeights`` holds it for the layer (``layer.dequantized``): the
 same bits, made once for many forwards. On CUDA the dequantization is one pass of our own kernel
 (``cosmos3.ops.dequantize_fp8``, nothing to compile at a worker's start); elsewhere its reference
-expression ``cosmos3.ops_cpu.dequantize_fp8``, the same bits (benchmarks/bench_ops.py bandwidth measures the
+expression ``cosmos3.ops.cpu.dequantize_fp8``, the same bits (benchmarks/bench_ops.py bandwidth measures the
 kernel against that expression, eager and compiled, on CUDA).
 """
 
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from cosmos3 import ops, ops_cpu
+from cosmos3 import ops
+from cosmos3.ops import cpu as ops_cpu
 from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod
 
 

@@ -32,7 +32,7 @@ def test_report_on_an_out_folder_reads_the_results_and_passes_over_the_sidecars(
     _write(out / "sidecar-fp8-t2i.json", sidecar)
     _write(out / "sidecars" / "fp8-t2i.png.json", sidecar)
 
-    report = subprocess.run(f"{sys.executable} benchmarks/bench_render.py report {out}/*.json", shell=True,
+    report = subprocess.run(f"{sys.executable} -m benchmarks.bench_render report {out}/*.json", shell=True,
                             cwd=ROOT, text=True, capture_output=True, timeout=120)
 
     assert report.returncode == 0, report.stderr
@@ -45,7 +45,7 @@ def test_report_on_an_out_folder_reads_the_results_and_passes_over_the_sidecars(
 
 def test_report_on_sidecars_alone_says_what_it_needs(tmp_path):
     _write(tmp_path / "sidecar-fp8-t2i.json", {"job": {"id": "t2i"}})
-    report = subprocess.run([sys.executable, "benchmarks/bench_render.py", "report",
+    report = subprocess.run([sys.executable, "-m", "benchmarks.bench_render", "report",
                              str(tmp_path / "sidecar-fp8-t2i.json")], cwd=ROOT, text=True, capture_output=True,
                             timeout=120)
     assert report.returncode == 1
@@ -92,7 +92,7 @@ def test_report_sets_the_uncached_and_the_cached_clip_side_by_side(tmp_path):
     _write(tmp_path / "farm-fp8-cache-off.json", _farm("off", _clip_sidecar([], 1000.0, 2.5)))
     _write(tmp_path / "farm-fp8.json", _farm(None, _clip_sidecar(cached, 2000.0, 2.5)))
 
-    report = subprocess.run(f"{sys.executable} benchmarks/bench_render.py report {tmp_path}/*.json", shell=True,
+    report = subprocess.run(f"{sys.executable} -m benchmarks.bench_render report {tmp_path}/*.json", shell=True,
                             cwd=ROOT, text=True, capture_output=True, timeout=120)
 
     assert report.returncode == 0, report.stderr

@@ -15,7 +15,7 @@ from benchmarks.common import BUILD_NAMES
 from benchmarks.random_checkpoint import BUILDS, link_build, write_checkpoint
 from cosmos3.errors import PipelineError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
-from cosmos3.request import RequestRules
+from cosmos3.rules.request import RequestRules
 from farm import manifest
 from farm.errors import ManifestError
 from tests.benchmarks.test_random_checkpoint import TINY_SUPER, VAE

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from benchmarks.random_checkpoint import INPUT_AMAX, PUBLISHED_IGNORE, write_checkpoint
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.layers.linear import Linear
 from cosmos3.pipeline import Cosmos3Pipeline
 from tests.tiny_checkpoint import TINY_TRANSFORMER, TINY_VAE, Z_DIM

@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from cosmos3 import ops, ops_cpu
+from cosmos3 import ops
 from cosmos3.layers.attention import GEN, UND, MoTAttention
 from cosmos3.layers.linear import Linear
+from cosmos3.ops import cpu as ops_cpu
 from cosmos3.quant import UNQUANTIZED
 from tests.cosmos3.test_norm_ops import DTYPES, EPS, _exact_norm, _rows, _weight
 from tests.cosmos3.test_ops import assert_same_bits

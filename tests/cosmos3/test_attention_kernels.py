@@ -14,8 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cosmos3 import ops_cpu
-from cosmos3.attention_choice import ATTENTION_CHOICES, check_attention
 from cosmos3.errors import ConfigError
 from cosmos3.layers.attention_kernels import (
     AttentionKernels,
@@ -28,6 +26,8 @@ from cosmos3.layers.attention_kernels import (
     smooth_keys,
 )
 from cosmos3.layers.rope import MRoPE, grid_positions
+from cosmos3.ops import cpu as ops_cpu
+from cosmos3.rules.attention_choice import ATTENTION_CHOICES, check_attention
 
 BF16_BOUND, FP8_BOUND = 0.01, 0.05
 
@@ -76,7 +76,7 @@ def test_attention_choice_module_needs_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, cosmos3.attention_choice as a; a.check_attention('fp8'); "
+    code = ("import sys, cosmos3.rules.attention_choice as a; a.check_attention('fp8'); "
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -312,7 +312,7 @@ def test_fp8_kernels_match_fp32_at_image_lengths(name, causal):
 def test_fp8_kernels_are_within_budget_at_video_length(name):
     """bench_attention.py's 44,160 x 44,672 inputs and error rows (cuDNN 2.0% measured, 31% without V
     smoothing; FlashInfer 1.6%)."""
-    from benchmarks.bench_attention import ERROR_ROWS, realistic_qkv
+    from testbed.attention_inputs import ERROR_ROWS, realistic_qkv
 
     q, k, v = realistic_qkv(44160)
     rows = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(1))[:ERROR_ROWS].cuda()
@@ -343,8 +343,8 @@ def test_fp8_kernels_in_a_cuda_graph_rescale_every_replay(name):
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
-    from tests.cosmos3.fp8_checkpoints import make_bf16, make_fp8
+    from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
+    from testbed.fp8_checkpoints import make_bf16, make_fp8
 
     root = tmp_path_factory.mktemp("attention")
     bf16 = make_bf16(root / "bf16")
@@ -352,7 +352,7 @@ def ckpts(tmp_path_factory):
 
 
 def _velocity(model, step=None):
-    from tests.cosmos3.fp8_checkpoints import PROMPTS
+    from testbed.fp8_checkpoints import PROMPTS
 
     if step is not None:
         model.set_denoising_step(*step)
@@ -396,20 +396,20 @@ SMALL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_at
 
 
 def _small_model(attention="auto"):
-    from cosmos3.checkpoint import TensorDict
-    from cosmos3.config import Cosmos3Config
-    from cosmos3.loader import build_transformer
-    from tests.cosmos3.random_weights import random_checkpoint
+    from cosmos3.checkpoint.loader import build_transformer
+    from cosmos3.checkpoint.weights import TensorDict
+    from cosmos3.rules.config import Cosmos3Config
+    from testbed.random_weights import random_checkpoint
 
     return build_transformer(Cosmos3Config.from_dict(SMALL), TensorDict(random_checkpoint(SMALL, "cuda")),
                              device="cuda", attention=attention)
 
 
 def test_the_random_checkpoint_of_the_gpu_tests_loads_strictly():
-    from cosmos3.checkpoint import TensorDict
-    from cosmos3.config import Cosmos3Config
-    from cosmos3.loader import build_transformer
-    from tests.cosmos3.random_weights import random_checkpoint
+    from cosmos3.checkpoint.loader import build_transformer
+    from cosmos3.checkpoint.weights import TensorDict
+    from cosmos3.rules.config import Cosmos3Config
+    from testbed.random_weights import random_checkpoint
 
     model = build_transformer(Cosmos3Config.from_dict(SMALL), TensorDict(random_checkpoint(SMALL, "cpu")))
     assert model.layers[0].self_attn.head_dim == 128  # loading is strict: a missing or extra tensor raises

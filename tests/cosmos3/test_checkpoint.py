@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 from cosmos3 import load_transformer
-from cosmos3.checkpoint import SKIPPED
+from cosmos3.checkpoint.weights import SKIPPED
 from cosmos3.errors import CheckpointError, ConfigError
+from testbed.reference import tiny_reference
 from tests.cosmos3.checkpoint_files import legacy_key, write_sharded
-from tests.cosmos3.reference import tiny_reference
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import pytest
 from safetensors.torch import load_file
 
 from cosmos3 import load_transformer
-from cosmos3.checkpoint_header import inspect
 from cosmos3.errors import CheckpointError, ConfigError
+from cosmos3.rules.checkpoint_header import inspect
+from testbed.reference import tiny_reference
 from tests.cosmos3.checkpoint_files import write_sharded
-from tests.cosmos3.reference import tiny_reference
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
@@ -131,7 +131,7 @@ def test_header_damage_is_refused_at_inspect_and_at_load_with_the_same_message(s
 def test_an_intact_checkpoint_inspects_without_torch(sharded):
     """farm validate runs on machines without torch: the reader must not import it."""
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from cosmos3.checkpoint_header import inspect\n"
+            "from cosmos3.rules.checkpoint_header import inspect\n"
             f"facts = inspect({str(sharded)!r})\n"
             "print(facts.config.hidden_size, len(facts.tensors), sorted(facts.fp8_modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

@@ -9,9 +9,9 @@ import torch
 
 import cosmos3.quant.w8a16 as w8a16
 from cosmos3 import load_transformer
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.cuda_graphs import DEQUANTIZED_HEADROOM, GRAPH_MAX_TOKENS, enable_cuda_graphs
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
-from tests.cosmos3.fp8_checkpoints import make_bf16, make_fp8
+from testbed.fp8_checkpoints import make_bf16, make_fp8
 
 pytestmark = pytest.mark.gpu
 

@@ -20,16 +20,16 @@ from safetensors.torch import load_file
 
 import cosmos3.quant.fp8_static as fp8_static
 from cosmos3 import load_transformer, uses_static_fp8
-from cosmos3.checkpoint import SKIPPED
-from cosmos3.checkpoint_header import linear_sites
+from cosmos3.checkpoint.weights import SKIPPED
 from cosmos3.diffusers_model import reference_forward
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import FP8, FP8_MAX, StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
+from cosmos3.rules.checkpoint_header import linear_sites
+from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
+from testbed.reference import SUPER_SHAPED, diffusers_pipeline
 from tests.cosmos3.checkpoint_files import write_sharded
-from tests.cosmos3.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
-from tests.cosmos3.reference import SUPER_SHAPED, diffusers_pipeline
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
 LAYERS = 2
@@ -52,7 +52,7 @@ def pipeline_export(tmp_path_factory):
     """ModelOpt's export of a whole diffusers pipeline (every component, small shards): the root."""
     from modelopt.torch.export import export_hf_checkpoint
 
-    from cosmos3.fp8_export import quantize
+    from cosmos3.checkpoint.fp8_export import quantize
     from cosmos3.pipeline import Cosmos3Pipeline
 
     src = make_tiny_checkpoint(tmp_path_factory.mktemp("pipe") / "bf16")
@@ -190,7 +190,7 @@ def test_stock_recipe_runs_proj_in_and_time_embedder_w8a8_as_the_emulation_does(
 
 
 def test_quantized_top_linears_follow_the_step_policy_with_the_gen_tower(exports, tmp_path):
-    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+    from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
     from cosmos3.quant import STATIC_FP8, W8A16
 
     def policy(c):
@@ -205,7 +205,7 @@ def test_quantized_top_linears_follow_the_step_policy_with_the_gen_tower(exports
 
 def test_fp8_accumulation_reaches_every_fp8_linear_and_the_w8a8_steps(exports, tmp_path):
     """The option picks how every W8A8 GEMM sums, the packed Q/K/V's too, also after a W8A16 step rebinds them."""
-    from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
+    from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
     from cosmos3.quant import W8A16
 
     def policy(c):  # the UND tower W8A8 at every step ("native"), so both towers' methods are checked
@@ -421,7 +421,7 @@ BAD = [
 @pytest.mark.parametrize("edit_tensors,edit_config,message", BAD)
 def test_what_cannot_be_honoured_is_refused_with_the_module_named(exports, tmp_path, edit_tensors, edit_config,
                                                                   message):
-    from cosmos3.checkpoint_header import inspect
+    from cosmos3.rules.checkpoint_header import inspect
 
     bad = rewrite(exports["stock"], tmp_path / "bad", edit_tensors, edit_config)
     with pytest.raises(CheckpointError, match=message) as err:

@@ -1,4 +1,4 @@
-"""cosmos3.memory_plan: resident bytes from the headers, and the activation model against the figures measured on
+"""cosmos3.rules.memory_plan: resident bytes from the headers, and the activation model against the figures measured on
 the H200 (benchmarks/results/h200-step-cache.md, h200-render.md)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from safetensors import safe_open
 
-from cosmos3.checkpoint_header import SKIPPED
-from cosmos3.memory_plan import DEVICE_OVERHEAD, GIB, ModelMemory, plan_job
+from cosmos3.rules.checkpoint_header import SKIPPED
+from cosmos3.rules.memory_plan import DEVICE_OVERHEAD, GIB, ModelMemory, plan_job
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
 # The full-size models as benchmarks/random_checkpoint.py writes them (bytes of transformer/, the Wan 2.2 VAE's

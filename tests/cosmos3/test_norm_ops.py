@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from cosmos3 import ops, ops_cpu
+from cosmos3 import ops
+from cosmos3.ops import cpu as ops_cpu
 from tests.cosmos3.test_ops import _exact_fma_f32, assert_same_bits
 
 FP8 = torch.float8_e4m3fn

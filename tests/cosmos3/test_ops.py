@@ -16,7 +16,11 @@ import pytest
 import torch
 from torch.library import opcheck
 
-from cosmos3 import launch_table, ops, ops_build, ops_cpu, ops_loader
+from cosmos3 import ops
+from cosmos3.ops import build as ops_build
+from cosmos3.ops import cpu as ops_cpu
+from cosmos3.ops import launch_table
+from cosmos3.ops import loader as ops_loader
 
 CSRC = ops_build.CSRC  # the installed package's sources
 FP8 = torch.float8_e4m3fn

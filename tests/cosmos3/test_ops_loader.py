@@ -17,7 +17,9 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-from cosmos3 import launch_table, ops_build, ops_loader
+from cosmos3.ops import build as ops_build
+from cosmos3.ops import launch_table
+from cosmos3.ops import loader as ops_loader
 
 # A stand-in for the compiled library: the one function the loader calls on it, recording its calls.
 FAKE_LIBRARY = """

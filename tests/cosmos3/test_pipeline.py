@@ -23,12 +23,13 @@ import pytest
 import torch
 
 from cosmos3 import pipeline
-from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
-from cosmos3.prompt import PromptSpec, PromptTokenizer
+from cosmos3.prompt_tokenizer import PromptTokenizer
+from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
+from cosmos3.rules.prompt import PromptSpec
 from cosmos3.vae import VAEBuild, WanVAE
 from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_weights
 
@@ -301,7 +302,7 @@ def test_distilled_i2v_keeps_frame_0_despite_the_stochastic_renoising(distilled_
 
 @pytest.fixture(scope="module")
 def fp8_pipe(root, tmp_path_factory):
-    from cosmos3.fp8_export import export_fp8
+    from cosmos3.checkpoint.fp8_export import export_fp8
 
     # ModelOpt calibrates on a real render of our pipeline (its default: the published step policy).
     fp8 = export_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", [job("t2v", steps=2)], max_shard_size="64KB")
@@ -332,7 +333,7 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
 
 @pytest.fixture(scope="module")
 def diffusers_pipe(root, pipe):
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     return diffusers_pipeline(root, pipe)
 
@@ -573,6 +574,15 @@ def test_a_background_vae_is_built_after_from_pretrained_returns_and_waited_for_
     assert first.timings["vae_wait"] > 0 and background.load_timings["vae"] > 0
     np.testing.assert_array_equal(first.frames, pipe(job("i2v", seed=5)).frames)
     assert background(job("t2v")).timings["vae_wait"] == 0.0
+
+
+def test_a_warm_up_builds_the_background_vae_and_the_first_job_waits_for_nothing(root, pipe):
+    background = Cosmos3Pipeline.from_pretrained(root, vae_load="background")
+    background.warm_up()
+    assert background.load_timings["vae"] > 0  # built before any job asked
+    first = background(job("t2v", seed=3))
+    assert first.timings["vae_wait"] == 0.0
+    np.testing.assert_array_equal(first.frames, pipe(job("t2v", seed=3)).frames)
 
 
 def test_a_t2v_job_denoises_while_the_vae_builds_and_waits_only_at_its_decode(root, pipe, monkeypatch):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cosmos3.sampling import SamplingRecipe, make_scheduler, scheduler_step
+from cosmos3.rules.sampling import SamplingRecipe
+from cosmos3.scheduler import make_scheduler, scheduler_step
 
 UNIPC = SamplingRecipe("UniPCMultistepScheduler", {"prediction_type": "flow_prediction", "use_flow_sigmas": True})
 
@@ -99,7 +100,7 @@ def test_the_distilled_schedule_and_its_noise_are_what_diffusers_runs(tmp_path, 
     generator=...)``), and both against the SDE update written out: ``x' = (1 - s') (x - s v) + s' noise``."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from cosmos3.sampling import load_recipe
+    from cosmos3.rules.sampling import load_recipe
 
     root = _distilled_root(tmp_path, where)
     recipe = load_recipe(root)

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from cosmos3.audio import SoundTokenizer
-from cosmos3.checkpoint_header import check_sound_dir
-from cosmos3.config import Cosmos3Config, SoundConfig
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, SoundTokenizerLoadError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+from cosmos3.rules.checkpoint_header import check_sound_dir
+from cosmos3.rules.config import Cosmos3Config, SoundConfig
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, STEPS, ModelSpy, job
 from tests.tiny_checkpoint import TINY_SOUND_TOKENIZER, make_tiny_checkpoint, mismatch_weights
 from toy import measure
@@ -121,7 +121,7 @@ class TransformerCalls:
 
 
 def test_t2v_with_sound_matches_the_diffusers_pipeline(root, pipe, monkeypatch):
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     width, height, frames = 48, 32, 9
     reference = diffusers_pipeline(root, pipe, sound=True)
@@ -310,7 +310,7 @@ def test_cuda_sound_render_with_graphs_equals_eager(root):
 
 @pytest.fixture(scope="module")
 def fp8_root(root, tmp_path_factory):
-    from cosmos3.fp8_export import export_fp8
+    from cosmos3.checkpoint.fp8_export import export_fp8
 
     # ModelOpt calibrates on a render with sound: the sound tokens pass through every GEN projection too.
     return export_fp8(root, tmp_path_factory.mktemp("fp8") / "ckpt", [job("t2v", steps=2, sound=True)],

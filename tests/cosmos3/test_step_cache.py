@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from cosmos3.cache_options import SeaCacheSettings, cache_problems, parse_cache
 from cosmos3.errors import ConfigError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
+from cosmos3.rules.cache_options import SeaCacheSettings, cache_problems, parse_cache
+from cosmos3.rules.step_precision import StepPolicy
 from cosmos3.step_cache import StepCache, sea_filter
-from cosmos3.step_precision import StepPolicy
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, rng_pixels
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
@@ -49,7 +49,7 @@ def diffusers_render(root, pipe, *, sound: bool = False, **inputs) -> tuple[np.n
     decoder stack ran (seen by a hook on the first decoder layer)."""
     from diffusers import SeaCacheConfig
 
-    from tests.cosmos3.reference import diffusers_pipeline
+    from testbed.reference import diffusers_pipeline
 
     reference = diffusers_pipeline(root, pipe, sound=sound)
     reference.transformer.enable_cache(SeaCacheConfig(threshold=CACHE["threshold"],
@@ -249,14 +249,15 @@ def test_a_bad_cache_option_fails_from_pretrained_before_loading(root):
 # -- composition --------------------------------------------------------------------------------------
 
 
-def test_stills_run_every_step_and_the_sidecar_info_lists_the_steps(root):
+def test_stills_and_clips_run_the_cache_and_the_sidecar_info_lists_the_steps(root):
     pipe = pipe_of(root)
-    still = pipe(RenderRequest(task="t2i", prompt=PROMPT, width=32, height=32, steps=6))
-    assert still.info["cache"] is None
     clip = pipe(request("t2v"))
     info = clip.info["cache"]
     assert info["method"] == "seacache" and info["threshold"] == 0.25
     assert sorted(info["computed"] + info["cached"]) == list(range(STEPS)) and info["cached"]
+    pipe.cache = SeaCacheSettings(threshold=10.0, max_consecutive=0)  # a budget nothing reaches: all but the ends
+    still = pipe(RenderRequest(task="t2i", prompt=PROMPT, width=32, height=32, steps=6)).info["cache"]
+    assert (still["computed"], still["cached"]) == ([0, 5], [1, 2, 3, 4])
 
 
 def test_step_precision_edge_steps_are_always_computed(root):

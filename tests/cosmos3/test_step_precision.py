@@ -12,12 +12,12 @@ import torch.nn.functional as F
 import cosmos3.quant.fp8_static as fp8_static
 import cosmos3.quant.w8a16 as w8a16
 from cosmos3 import load_transformer
-from cosmos3.config import QuantConfig
+from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.errors import ConfigError
-from cosmos3.fp8_export import PUBLISHED_STEP_POLICY
 from cosmos3.quant import STATIC_FP8, W8A16
-from cosmos3.step_precision import StepPolicy, parse_runtime, resolve_policy
-from tests.cosmos3.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
+from cosmos3.rules.config import QuantConfig
+from cosmos3.rules.step_precision import StepPolicy, parse_runtime, resolve_policy
+from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
 
 PUBLISHED = {"diffusion_step_policy": PUBLISHED_STEP_POLICY}
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cosmos3 import tensor_reader
-from cosmos3.checkpoint import CheckpointFiles
+from cosmos3.checkpoint import tensor_reader
+from cosmos3.checkpoint.weights import CheckpointFiles
 from cosmos3.errors import CheckpointError
 
 

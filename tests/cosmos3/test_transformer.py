@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cosmos3 import load_transformer
-from tests.cosmos3.reference import SUPER_SHAPED, reference_forward, tiny_reference
+from testbed.reference import SUPER_SHAPED, reference_forward, tiny_reference
 
 # (latent T, H, W, condition frames, fps): T2I, T2V with fps modulation, padding, I2V.
 CASES = [

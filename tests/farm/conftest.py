@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.farm.ray_nodes import RayNodes
+from testbed.ray_nodes import RayNodes
 
 REPO = Path(__file__).parents[2]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import ray
 
 from cosmos3.errors import SoundTokenizerLoadError, VAELoadError
-from cosmos3.request import RenderRequest, RequestRules, resolve
+from cosmos3.rules.request import RenderRequest, RequestRules, resolve
 from worker.fake import FakeRenderer
 
 

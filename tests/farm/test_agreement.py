@@ -2,7 +2,7 @@
 job's YAML line.
 
 For every variant, the expectation is computed independently of the manifest code: the job as the
-worker's `cosmos3.request.problems` sees it (YAML `size: [w, h]` is width and height, paths resolve against
+worker's `cosmos3.rules.request.problems` sees it (YAML `size: [w, h]` is width and height, paths resolve against
 the manifest's folder, a job without a task is t2v). The manifest must accept exactly the variants cosmos3
 accepts and, for each (field, message) cosmos3 reports, print a line ending in `field: message` at the YAML
 key holding that field, and nothing else.
@@ -15,10 +15,10 @@ import json
 import pytest
 import yaml
 
-from cosmos3 import load_options
-from cosmos3.config import Cosmos3Config
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RenderRequest, RequestRules, problems
+from cosmos3.rules import load_options
+from cosmos3.rules.config import Cosmos3Config
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RenderRequest, RequestRules, problems
 from farm import manifest
 from farm.errors import ManifestError
 from tests.farm.helpers import make_checkpoint, write_image, write_video

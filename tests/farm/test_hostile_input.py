@@ -69,7 +69,7 @@ def test_hostile_manifest_is_refused_with_one_located_message(tmp_path, capsys, 
     assert [problem for problem in err[1:] if problem.startswith(f"{place}: ") and message in problem], err
 
 
-# Numbers YAML reads that no render can use (cosmos3.request's rules, which farm validate calls): a job
+# Numbers YAML reads that no render can use (cosmos3.rules.request's rules, which farm validate calls): a job
 # with guidance .nan rendered black and counted as done.
 NUMBERS = [
     ("guidance: .nan", "guidance: nan is not a finite number"),

@@ -31,7 +31,7 @@ def test_the_manifest_validates_through_cosmos3_without_torch(tmp_path):
 
 def test_the_blocker_does_block_torch():
     """The check above can fail: the same blocker stops a module that does import torch."""
-    code = _NO_TORCH.split("import farm.manifest")[0] + "import cosmos3.loader\n"
+    code = _NO_TORCH.split("import farm.manifest")[0] + "import cosmos3.checkpoint.loader\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode != 0 and "torch is blocked" in done.stderr
 

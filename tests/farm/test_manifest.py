@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from cosmos3.request import RequestRules, resolve
+from cosmos3.rules.cache_options import DEFAULT_CACHE, cache_identity, hashed_cache
+from cosmos3.rules.request import RequestRules, resolve
 from farm import cli, fields, manifest
 from farm.errors import ManifestError
 from tests.farm.helpers import make_checkpoint, write_image, write_manifest
@@ -89,11 +90,20 @@ def test_config_hash_follows_the_pixels_not_the_scheduling(tmp_path):
     assert hash_of(base, model={"cache": "seacache"}) == original
     assert hash_of(base, model={"cache": "off"}) != original
     assert hash_of(base, model={"cache": {"method": "seacache", "threshold": 0.4}}) != original
-    # A still computes every step: no cache setting changes its PNG, so none re-renders it.
+    # Stills run the cache too: each setting is another PNG.
     still = {**base, "task": "t2i"}
     settings = ("seacache", "off", {"method": "seacache", "threshold": 0.4})
-    assert {hash_of(still, model={"cache": cache}) for cache in settings} == {hash_of(still)}
+    assert len({hash_of(still, model={"cache": cache}) for cache in settings}) == 3
     assert hash_of(still, model={"precision": "bf16"}) != hash_of(still)
+
+
+def test_a_stills_cache_is_hashed_apart_from_the_default_uncached_stills_hashed():
+    """Stills once ran every step and hashed DEFAULT_CACHE whatever their manifest said; now that they run the cache,
+    no setting of theirs hashes as that did, so a still rendered uncached is not done."""
+    settings = (DEFAULT_CACHE, "off", {"method": "seacache", "threshold": 0.4})
+    assert all(hashed_cache(cache, 1) != cache_identity(DEFAULT_CACHE) for cache in settings)
+    # clips hash their identity, as before
+    assert [hashed_cache(cache, 5) for cache in settings] == [cache_identity(cache) for cache in settings]
 
 
 # The settings Cosmos3's recipes publish, written out as a user copies them from diffusers' SeaCacheConfig.
@@ -179,7 +189,7 @@ def test_timeouts_read_as_seconds(value, seconds):
 
 
 def test_a_jobs_request_is_what_the_worker_resolves_it_to(tmp_path):
-    """Every value is concrete, so the worker's cosmos3.request.resolve finds nothing to fill in or refuse."""
+    """Every value is concrete, so the worker's cosmos3.rules.request.resolve finds nothing to fill in or refuse."""
     jobs = [{"id": "a", "prompt": "x"}, {"id": "b", "task": "t2i", "prompt": "y", "guidance": 3}]
     m = manifest.load(write_manifest(tmp_path, jobs))
     rules = RequestRules.from_checkpoint(m.model.checkpoint)
@@ -304,9 +314,9 @@ def _broken_tokenizer_json(root: Path) -> None:
                  id="no-tokenizer-config"),
 ])
 def test_a_component_the_worker_loads_is_checked_at_validate(tmp_path, capsys, damage, component, message):
-    from cosmos3.checkpoint_header import check_layout
     from cosmos3.errors import Cosmos3Error
-    from cosmos3.prompt import PromptTokenizer
+    from cosmos3.prompt_tokenizer import PromptTokenizer
+    from cosmos3.rules.checkpoint_header import check_layout
 
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     root = tmp_path / "ckpt"
@@ -328,8 +338,8 @@ def test_a_component_the_worker_loads_is_checked_at_validate(tmp_path, capsys, d
     pytest.param(_config(latents_std=[1.0]), "latents_mean and latents_std need z_dim=4 entries", id="stats"),
 ])
 def test_vae_damage_is_refused_at_validate_with_the_workers_start_message(tmp_path, capsys, damage, message):
-    from cosmos3.checkpoint_header import check_vae_dir
     from cosmos3.errors import Cosmos3Error
+    from cosmos3.rules.checkpoint_header import check_vae_dir
 
     path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
     damage(tmp_path / "ckpt" / "vae")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3.memory_plan import DEVICE_OVERHEAD, GIB
+from cosmos3.rules.memory_plan import DEVICE_OVERHEAD, GIB
 from farm import cli, memory
 from farm import manifest as manifests
 from farm.errors import FarmError, WorkerConfigError

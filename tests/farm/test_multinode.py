@@ -1,4 +1,4 @@
-"""`farm submit --address` and `ray job submit` on a cluster of separate `ray start` processes (tests/farm/ray_nodes):
+"""`farm submit --address` and `ray job submit` on a cluster of separate `ray start` processes (testbed/ray_nodes.py):
 a worker node's raylet killed mid-run, a node added mid-run."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.ray_nodes import VENV_BIN
 from tests.farm.helpers import assert_every_job_done_once, events, started_on, wait_while_running, write_manifest
-from tests.farm.ray_nodes import VENV_BIN
 
 pytestmark = pytest.mark.slow
 

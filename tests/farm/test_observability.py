@@ -12,7 +12,7 @@ import pytest
 import ray
 from ray.util.state import list_tasks
 
-from cosmos3.request import RequestRules
+from cosmos3.rules.request import RequestRules
 from farm import driver, manifest
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, render_and_publish, write_manifest
@@ -29,6 +29,7 @@ EXPECTED_METRICS = {
     "ray_farm_jobs_done_total": 3.0,
     "ray_farm_jobs_failed_total": 1.0,
     "ray_farm_jobs_retried_total": 1.0,  # bad: retries 1
+    "ray_farm_jobs_pending": 0.0,  # every job ended done or failed
     "ray_farm_job_seconds_count": 3.0,  # one observation per job done
     "ray_farm_step_seconds_count": 12.0,  # 3 jobs x 4 fake steps
     "ray_farm_queue_depth": 0.0,

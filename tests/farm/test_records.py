@@ -143,7 +143,7 @@ def test_a_publish_finished_when_the_run_stops_is_logged_done(tmp_path, monkeypa
     late, cut = m.jobs
     log = RunLog(tmp_path / "events.jsonl", "run-1", 2, progress=False)
     scheduler = Scheduler([late, cut], launch=None, workers=1, settings=Settings(None), log=log,
-                          metrics=RunMetrics("test"))
+                          metrics=RunMetrics("test", 2))
     monkeypatch.setattr(scheduler, "_kill", lambda slots, running=(): None)  # no actors in this test
     slot = Slot(0)
     scheduler.inflight = {"late-ref": Attempt(late, slot, 1, 0.0, 1e9, publishing=True),

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from cosmos3.errors import PipelineError
-from cosmos3.request import RequestRules, resolve
+from cosmos3.rules.request import RequestRules, resolve
 from farm import cli, driver, manifest
 from tests.farm.helpers import events, local_cluster, output_files, state, write_manifest
 from worker import fake

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from cosmos3.checkpoint import SKIPPED
-from cosmos3.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
-from cosmos3.fp8_export import export_fp8
+from cosmos3.checkpoint.fp8_export import export_fp8
+from cosmos3.checkpoint.weights import SKIPPED
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
+from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
 from farm import driver, manifest, storage
 from farm.errors import ManifestError
 from tests.farm.helpers import events, local_cluster, output_files, write_manifest

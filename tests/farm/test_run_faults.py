@@ -25,6 +25,7 @@ import ray
 from ray._common.utils import get_default_system_temp_dir
 
 from farm import cli, cluster, cluster_lock, driver, lease, manifest, reaper, storage
+from farm.processes import pid_alive
 from tests.farm import fakes
 from tests.farm.helpers import events, local_cluster, output_files, publish, state, temp_files, write_manifest
 from worker import fake
@@ -121,7 +122,7 @@ def test_a_sigkilled_driver_shows_as_interrupted_and_leaves_no_worker_running(ad
     row = json.loads(capsys.readouterr().out)["manifests"][0]
     assert row["last_run"].endswith("(interrupted: its driver is gone)")
     # Ray ends the actors of a driver that died; none of its workers keeps rendering.
-    _wait_for(lambda: not any(lease.pid_alive(pid) for pid in workers), timeout=60)
+    _wait_for(lambda: not any(pid_alive(pid) for pid in workers), timeout=60)
 
     report = driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False))
     assert report.ok and not temp_files(root)  # the dead driver's lease taken over at once: same host, pid gone

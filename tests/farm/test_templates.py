@@ -28,7 +28,7 @@ REFUSED = [
     ("{id}}", "'{id}}' is not a template: Single '}' encountered"),
     ("{0}", "unknown field {0} (use {name}, {id}, {seed}, {task}, {width}, {height}, {steps})"),
     ("{id.real}", "unknown field {id.real}"),
-    ("a\tb/{id}", "holds a control character"),
+    ("a\tb/{id}", "holds \\t, which no file name should hold"),
 ]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cosmos3.prompt import PromptTokenizer
+from cosmos3.prompt_tokenizer import PromptTokenizer
 from farm import manifest
 from toy import scenes
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cosmos3 import load_transformer
-from tests.cosmos3.reference import reference_forward, tiny_reference
+from testbed.reference import reference_forward, tiny_reference
 from toy import flow
 
 # (latent T, H, W, fps): an image, and a clip with fps-modulated temporal positions.

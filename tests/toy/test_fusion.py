@@ -1,4 +1,4 @@
-"""reference/trtllm-static-fp8-pr.md's measurement, repeated on the toy checkpoint.
+"""TensorRT-LLM PR #17476's measurement (docs/checkpoints.md, source S16), repeated on the toy checkpoint.
 
 ``benchmarks/bench_fp8_fusion.py --fp8 checkpoints/toy/fp8 --bf16 checkpoints/toy/bf16``: how many of a
 trained, calibrated checkpoint's Q/K/V and gate/up shards a max(scale) fusion would re-quantize, and

@@ -14,8 +14,8 @@ import pytest
 import ray
 import structlog.testing
 
-from cosmos3.load_options import LoadOptions
-from cosmos3.request import RequestRules
+from cosmos3.rules.load_options import LoadOptions
+from cosmos3.rules.request import RequestRules
 from farm import manifest, storage
 from farm.errors import WorkerStartError
 from tests.farm import fakes
@@ -85,7 +85,7 @@ def test_a_worker_that_would_see_every_gpu_of_its_node_is_refused_at_start(clust
 
 
 DEVICE_FACTS = {"gpu_uuid": "GPU-2daf2d03-1f3e-d7d2-f717-7e730d4ec67e", "gpu_name": "NVIDIA H200", "sm": 90,
-                "ops": {"source": "prebuilt", "seconds": 0.001, "path": "/site/cosmos3/_cuda_ops.so"}}
+                "ops": {"source": "prebuilt", "seconds": 0.001, "path": "/site/cosmos3/ops/_cuda_ops.so"}}
 
 
 def _renderer_on_a_gpu(model, gpu: bool) -> fake.FakeRenderer:
@@ -169,6 +169,36 @@ def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_p
     ray.kill(worker)
     start = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())["worker_start"]
     assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0
+
+
+class _RefusesUntilWarm(fake.FakeRenderer):
+    """Refuses to render before its warm-up has run."""
+
+    def __init__(self, rules: RequestRules):
+        super().__init__(rules, seconds_per_step=0.0)
+        self.warm = False
+
+    def warm_up(self):
+        self.warm = True
+
+    def __call__(self, request, callback):
+        if not self.warm:
+            raise RuntimeError("rendered before its warm-up")
+        return super().__call__(request, callback)
+
+
+def _renderer_refusing_until_warm(model, gpu: bool) -> _RefusesUntilWarm:
+    return _RefusesUntilWarm(RequestRules.from_checkpoint(model.checkpoint))
+
+
+def test_a_worker_is_ready_once_warm_and_its_sidecars_report_the_warm_up(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, _renderer_refusing_until_warm)
+    ray.get(worker.ready.remote())
+    render_and_publish(worker, m.jobs[0])
+    ray.kill(worker)
+    start = json.loads(storage.sidecar_path(m.jobs[0].media).read_text())["worker_start"]
+    assert start["worker"] >= start["warm_up"] >= 0  # the render above ran after the warm-up: it refuses otherwise
 
 
 def test_a_vae_that_did_not_build_fails_the_job_as_the_workers_start(cluster, tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import ray
 
-from cosmos3.request import RenderRequest
+from cosmos3.rules.request import RenderRequest
 from farm import manifest, storage
 from tests.farm.helpers import local_cluster, render_and_publish, write_manifest
 from tests.tiny_checkpoint import make_tiny_checkpoint
