@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosmos3.rules.cache_options import cache_runs_on
 from cosmos3.rules.checkpoint_header import (
     SKIPPED,
     TensorHeader,
@@ -152,14 +151,13 @@ def plan_request(model: ModelMemory, rules: RequestRules, request: RenderRequest
                  gpu_memory: int | None = None) -> JobMemory:
     """``plan_job`` for a request with every field resolved (``cosmos3.rules.request.resolve(...).request()``, a farm
     job's request): its prompts counted by the checkpoint's tokenizer (``rules.text``), its sound frames by
-    ``rules.sound``. ``cache``: the model's step cache is on (it runs on clips only, never on a distilled
-    checkpoint)."""
+    ``rules.sound``. ``cache``: the model's step cache is on (never on a distilled checkpoint)."""
     r = request
     spec = PromptSpec(frames=r.frames, fps=float(r.fps), height=r.height, width=r.width)
     text = rules.text.count(r.prompt, spec, negative=False)
     if r.guidance != 1.0:  # the unconditional branch keeps its own UND cache
         text += rules.text.count(r.negative_prompt, spec, negative=True)
     sound = rules.sound.config.latent_frames(r.frames, r.fps) if r.sound and rules.sound.config else 0
-    cached = cache and cache_runs_on(r.frames) and not rules.recipe.is_distilled
+    cached = cache and not rules.recipe.is_distilled
     return plan_job(model, width=r.width, height=r.height, frames=r.frames, text_tokens=text, cached=cached,
                     sound_frames=sound, gpu_memory=gpu_memory)
