@@ -1,12 +1,13 @@
 """The planned GPU memory (cosmos3.rules.memory_plan) beside the measured peak, per job, on Nano and Super shapes.
 
-    python -m benchmarks.bench_memory run --root /tmp/nano/fp8 --jobs t2v,t2i --steps 2 --out OUT/memory-nano.json
-    python -m benchmarks.bench_memory run --root /dev/shm/super/fp8 --jobs t2v,t2i --steps 2 --out OUT/memory-super.json
+    python -m benchmarks.bench_memory run --root /tmp/nano/fp8 --jobs t2v,t2i --steps 7 --out OUT/memory-nano.json
+    python -m benchmarks.bench_memory run --root /dev/shm/super/fp8 --jobs t2v,t2i --steps 7 --out OUT/memory-super.json
     python -m benchmarks.bench_memory report OUT/memory-*.json
 
 ``run`` loads the checkpoint as a farm GPU worker does (its CUDA allocator; the VAE loaded before the first job, so
 the resident figure holds it) and renders each of the workload's jobs (benchmarks/common.py ``JOBS``) with
-``--steps`` steps: the steps' activations are the same every step, so a few show the peak a full job reaches. It
+``--steps`` steps: the steps' activations are the same every step of a mode, so a few (7: the published policy's
+W8A16 steps 0-2 and 4-6 around one W8A8 step) show the peak a full job reaches. It
 plans each job with the same rules `farm plan` uses on this GPU (``--cache``: the step cache the plan assumes and the
 render runs; off by default, so the measured peak is every step computed) and records both: resident bytes, the
 steps' and the decode's peak allocated, the job's peak allocated and reserved. ``report`` prints them side by side

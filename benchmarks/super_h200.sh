@@ -7,8 +7,9 @@
 # checkpoint is gone (a fresh machine) writes it first (~3-4 min more).
 #   write      the Super checkpoint (~65.7 GB transformer + 2.8 GB VAE) in /dev/shm (the disk is too small) and three
 #              more builds hard-linked to its weights: super-t2i, super-t2i-4step, super-i2v-4step (~4 min)
-#   memory     the planned GPU memory beside the measured peak: T2V 720p/189 frames and T2I 1024^2, 2 steps each,
-#              cache off (benchmarks/bench_memory.py; ~2-3 min)
+#   memory     the planned GPU memory beside the measured peak: T2V 720p/189 frames and T2I 1024^2, 7 steps each
+#              (the policy's W8A16 steps 0-2 and 4-6 around one W8A8 step), cache off (benchmarks/bench_memory.py;
+#              ~4 min)
 #   clip       farm submit: two T2I 1024^2/50-step stills, then the T2V 720p/189-frame/35-step clip with the default
 #              step cache; worker start with the page cache warm (tmpfs), read rate, host peak RSS (~7-8 min)
 #   distilled  farm submit on the 4-step builds: T2I 1024^2 and I2V 720p/189 frames (~4 min)
@@ -60,7 +61,7 @@ ensure_written() {
 
 memory() {
     ensure_written
-    "$PY" -m benchmarks.bench_memory run --root "$ROOT/fp8" --jobs t2v,t2i --steps 2 --out "$OUT/memory-super.json"
+    "$PY" -m benchmarks.bench_memory run --root "$ROOT/fp8" --jobs t2v,t2i --steps 7 --out "$OUT/memory-super.json"
 }
 
 clip() {
