@@ -33,6 +33,16 @@ class JobState(str, Enum):
 
 
 @dataclass(frozen=True)
+class PlannedMemory:
+    """The GPU memory the manifest's largest job needs (`cosmos3.rules.memory_plan`), which a worker checks its GPU
+    against before it loads anything."""
+
+    need: int  # bytes, with the VAE decode tiled where that needs less
+    job: str  # the job's key
+    detail: str  # cosmos3.rules.memory_plan.JobMemory.describe()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What every worker loads, once."""
 
@@ -43,6 +53,7 @@ class ModelSpec:
     # the version of each file the fingerprint hashed (relative path -> {"key", "sha256"}): a worker that finds the same
     # versions hashes none of them again, and one that finds others hashes them and refuses another checkpoint
     files: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    memory: PlannedMemory | None = None  # set by the driver (farm.memory) before it starts workers
 
 
 @dataclass(frozen=True)

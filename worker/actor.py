@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import resource
 import socket
 import sys
 import time
@@ -28,7 +29,7 @@ from farm import metrics, storage
 from farm.errors import JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
 from worker import bytecode, encode, gpu_telemetry
-from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
+from worker.gpu import check_assignment, check_gpu_memory, configure_cuda_allocator, cuda_device_facts
 
 log = structlog.get_logger("farm.worker")
 
@@ -198,6 +199,7 @@ class RenderWorker:
         check_assignment(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             configure_cuda_allocator()
+            check_gpu_memory(gpus[0], model.memory)  # before a byte of weights is read
         self._model = model
         self._loaded = _measure(model)  # before anything loads: the versions the renderer then reads
         self._renderer = factory(model, bool(gpus))
@@ -310,7 +312,9 @@ class RenderWorker:
         }
 
     def _worker_start(self) -> dict[str, Any]:
-        """The start's figures, read per job: the VAE's seconds arrive when its background build ends."""
+        """The start's figures, read per job: the VAE's seconds arrive when its background build ends. The host's
+        peak RSS of this process so far (Linux reports KiB) says whether a load held a second copy of the weights."""
         loaded = self._renderer.load_timings
         return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "warm_up": self._warm_up_seconds,
-                "worker": self._ready_seconds}
+                "worker": self._ready_seconds,
+                "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

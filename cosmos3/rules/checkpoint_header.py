@@ -47,6 +47,12 @@ _ITEM_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2,
               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own cap on the JSON header
 
+# Present in published checkpoints, deliberately not loaded (generation never reads them).
+SKIPPED = {
+    "lm_head.weight": "the UND tower's LM head: generation never decodes text",
+    "norm.weight": "the UND tower's final norm: predictions are read from GEN outputs only",
+}
+
 
 @dataclass(frozen=True)
 class TensorHeader:
@@ -57,6 +63,10 @@ class TensorHeader:
     dtype: str  # safetensors tag: "BF16", "F8_E4M3", ...
     shape: tuple[int, ...]
     offset: int | None = None  # of its first data byte in the file; None in memory
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _ITEM_SIZE[self.dtype]
 
 
 @dataclass(frozen=True)
