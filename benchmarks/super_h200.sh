@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Cosmos3-Super (static FP8, random weights, the published layouts) on one H200 through `farm submit`.
 #
-#   benchmarks/super_h200.sh OUT [STEP ...]      default steps: write memory clip distilled report
+#   benchmarks/super_h200.sh OUT [STEP ...]      default steps: write clip distilled report (~14 min)
 #
 # Each step fits one device call (< 9 minutes on an H200); run them in this order on one machine. A step whose
-# checkpoint is gone (a fresh machine) writes it first (~3-4 min more).
+# checkpoint is gone (a fresh machine) writes it first (~3-4 min more). The clip step's sidecars hold each job's
+# measured peak memory and the report prints `farm plan`'s estimate of the same manifest beside it; `memory` and
+# `nano` add the steps' and the decode's peaks apart, for Super and for Nano.
 #   write      the Super checkpoint (~65.7 GB transformer + 2.8 GB VAE) in /dev/shm (the disk is too small) and three
 #              more builds hard-linked to its weights: super-t2i, super-t2i-4step, super-i2v-4step (~4 min)
 #   memory     the planned GPU memory beside the measured peak: T2V 720p/189 frames and T2I 1024^2, 7 steps each
@@ -13,6 +15,7 @@
 #   clip       farm submit: two T2I 1024^2/50-step stills, then the T2V 720p/189-frame/35-step clip with the default
 #              step cache; worker start with the page cache warm (tmpfs), read rate, host peak RSS (~7-8 min)
 #   distilled  farm submit on the 4-step builds: T2I 1024^2 and I2V 720p/189 frames (~4 min)
+#   nano       the Nano checkpoint (16.5 GB) in /dev/shm/nano and the same memory measurement on it (~4 min)
 #   rerender   two stills and a short clip (33 frames, 10 steps), then twice more with --force, a fresh worker each:
 #              byte-identical media (~6 min)
 #   uncached   the clip without the step cache (~10 min: more than one call holds; run it alone, with the longest
@@ -23,10 +26,10 @@
 # needs) are carried in .whl/ and installed here, as for the Nano runs (benchmarks/results/h200-render.md).
 set -euo pipefail
 
-OUT=${1:?usage: benchmarks/super_h200.sh OUT [write|memory|clip|distilled|rerender|uncached|report ...]}
+OUT=${1:?usage: benchmarks/super_h200.sh OUT [write|clip|distilled|memory|nano|rerender|uncached|report ...]}
 shift
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(write memory clip distilled report)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(write clip distilled report)
 ROOT=${SUPER_ROOT:-/dev/shm/super}
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -62,6 +65,12 @@ ensure_written() {
 memory() {
     ensure_written
     "$PY" -m benchmarks.bench_memory run --root "$ROOT/fp8" --jobs t2v,t2i --steps 7 --out "$OUT/memory-super.json"
+}
+
+nano() {
+    local nano=${NANO_ROOT:-/dev/shm/nano}
+    [ -f "$nano/fp8/transformer/config.json" ] || "$PY" -m benchmarks.bench_render write --root "$nano" --variants fp8
+    "$PY" -m benchmarks.bench_memory run --root "$nano/fp8" --jobs t2v,t2i --steps 7 --out "$OUT/memory-nano.json"
 }
 
 clip() {
