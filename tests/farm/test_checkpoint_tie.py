@@ -95,7 +95,7 @@ def test_a_shard_outside_the_transformer_folder_is_refused_by_validate_and_the_l
 PLANTED = ["model_index.json", "transformer/config.json", "scheduler/scheduler_config.json",
            "text_tokenizer/tokenizer.json", "text_tokenizer/tokenizer_config.json", "vae/config.json",
            "transformer/diffusion_pytorch_model.safetensors.index.json", str(SHARD),
-           "vae/diffusion_pytorch_model.safetensors"]
+           "vae/diffusion_pytorch_model.safetensors", "README.md"]  # the last: the model card, which says the tasks
 
 
 def _limited_memory() -> None:  # the child may not take the machine down if it reads /dev/zero whole
