@@ -250,7 +250,8 @@ def _peak_decode(vae, latents, tiled: bool) -> dict:
     started = time.perf_counter()
     to_uint8_frames(vae.decode(latents))
     torch.cuda.synchronize()
-    return {"tiled": tiled, "dtype": str(vae.dtype).removeprefix("torch."),
+    # what ran: fastvae's decoder decodes in temporal chunks whatever tiling asks
+    return {"tiled": vae.last_decode_tiled, "decoder": vae.decoder, "dtype": str(vae.dtype).removeprefix("torch."),
             "seconds": time.perf_counter() - started, "resident_bytes": resident,
             "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
@@ -540,7 +541,8 @@ def direct_tables(r: dict) -> list[str]:
                      f"{_s(job['timings'].get('vae_wait'), 3)} / {job['timings']['und']:.3f} / {sum(steps):.3f} / "
                      f"{statistics.median(steps):.4f} |")
     for d in r["decodes"]:
-        lines.append(f"| T2V decode ({'tiled' if d['tiled'] else 'untiled'}, {d.get('dtype', 'float32')}): s / "
+        lines.append(f"| T2V decode ({d.get('decoder', 'diffusers')}, {'tiled' if d['tiled'] else 'untiled'}, "
+                     f"{d.get('dtype', 'float32')}): s / "
                      "resident / peak allocated / peak "
                      f"reserved GiB | {d['seconds']:.2f} / {_gib(d['resident_bytes'])} / "
                      f"{_gib(d['peak_allocated_bytes'])} / {_gib(d['peak_reserved_bytes'])} |")
