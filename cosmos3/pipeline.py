@@ -254,15 +254,18 @@ class Cosmos3Pipeline:
 
     def warm_up(self) -> None:
         """Pays now what a worker's first job would pay for its decode: the VAE's and the sound tokenizer's builds
-        (their move to the device), and a decode of two latent frames at the default still's and the default clip's
-        sizes, where a GPU's decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the H100, and
-        ~5 s more at a clip's 720p the first time; h100-vae-decode.md). A build that failed is left to the jobs
-        that need it to report, as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
+        (their move to the device), and on a GPU a decode of two latent frames at the default still's and the
+        default clip's sizes, where the decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the
+        H100, and ~5 s more at a clip's 720p the first time; h100-vae-decode.md; the CPU has no such set-up, and
+        a toy's 720p decode there takes seconds). A build that failed is left to the jobs that need it to report,
+        as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
         for build in self._decoders():
             try:
                 build.wait()
             except BackgroundLoadError:
                 return
+        if self.device.type != "cuda":
+            return
         vae = self.vae
         for task in ("t2i", "t2v"):
             plan = resolve(RenderRequest(task=task, prompt="warm-up"), self.rules)

@@ -78,6 +78,7 @@ def check(manifest) -> None:
     # (another manifest's claims cannot be read), StorageFault (a records folder cannot be listed).
     """
     mine = _Mine(manifest)
+    _refuse_another_of_this_name(mine)
     _refuse_taken(mine, _roots(mine))
 
 
@@ -88,6 +89,7 @@ def claim(manifest) -> None:
     """
     mine = _Mine(manifest)
     roots = _roots(mine)
+    _refuse_another_of_this_name(mine)
     while True:
         with _locked(roots):
             found = _roots(mine)  # a root nested on the way may have appeared before its lock was taken
@@ -107,12 +109,14 @@ class _Mine:
 
     root: Path  # real
     name: str
+    path: str  # the manifest's file
     files: dict[str, str]  # relative file -> job key (what claims.json holds)
     written: dict[str, str]  # real path of each file and its sidecar -> job key
 
     def __init__(self, manifest):
         self.root = Path(manifest.output_root).resolve()
         self.name = manifest.name
+        self.path = manifest.path
         self.files = wanted(manifest)
         self.written = dict(_written((os.path.join(self.root, f), key) for f, key in self.files.items()))
 
@@ -172,6 +176,26 @@ def _is_root(folder: str) -> bool:
         return stat.S_ISDIR(os.lstat(os.path.join(folder, storage.RECORDS_DIR)).st_mode)
     except OSError:
         return False
+
+
+def _refuse_another_of_this_name(mine: _Mine) -> None:
+    """The records of the manifest's name in its root must be its own: another manifest of that name would take over
+    its claims (a submit rewrites them) and overwrite its renders. Whose they are is read from the claims, else from
+    the state, as another manifest's files are; when neither can be read, the name alone tells (so the fix a
+    refusal names, that manifest's own submit, works).
+
+    # Raises: ClaimConflict naming the other manifest's file and the fix.
+    """
+    folder = mine.root / storage.RECORDS_DIR / mine.name
+    try:
+        _, recorded = _records_files(mine.root, folder)
+    except ClaimsUnknown:
+        return
+    if recorded.get("path") not in (None, mine.path):
+        raise ClaimConflict(f"{mine.root} already holds the renders of another manifest named {mine.name!r} "
+                            f"({recorded['path']}); two manifests with one name would overwrite each other's "
+                            f"renders: change name: (or, if the manifest moved, remove {folder}/: its renders stay "
+                            f"done, as their sidecars say)")
 
 
 def _refuse_taken(mine: _Mine, roots: set[Path]) -> None:

@@ -81,7 +81,13 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
               if (problem := _parameter_problem(name, v)) is not None]
     if found:
         return None, found
-    return SeaCacheSettings(**{name: float(v) if name in _REAL else v for name, v in params.items()}), found
+    return SeaCacheSettings(**{name: _as_read(name, v) for name, v in params.items()}), found
+
+
+def _as_read(name: str, value: int | float) -> int | float:
+    """A checked parameter as its field's type, in one spelling: `power_exp: 3` is 3.0, `residual_order: 0.0` is 0,
+    and -0.0 is 0.0 (equal, but written apart in a config hash)."""
+    return float(value) + 0.0 if name in _REAL else int(value)
 
 
 # Where the step cache runs: stills and clips alike (a distilled schedule's four re-noised steps never run it: the
