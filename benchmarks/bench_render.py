@@ -366,6 +366,7 @@ def job_table(job: str, record: dict) -> list[str]:
          f"{_s(start['checkpoint_gb_per_s'])} GB/s)"),
         ("worker start: VAE load s", _s(start["vae"])),
         ("worker start: sound tokenizer load s (background)", _s(start.get("sound_tokenizer"))),
+        ("worker start: warm-up s (the builds waited for, the decoder's set-up per size)", _s(start.get("warm_up"))),
         ("worker start: pipeline load s / whole worker start s", f"{_s(start['total'])} / {_s(start['worker'])}"),
         ("VAE wait s (for its and the sound tokenizer's background builds; 0 once built)", _s(t.get("vae_wait"), 3)),
         ("tokenize s", _s(t["tokenize"], 3)),
@@ -467,6 +468,18 @@ def _graph_note(record: dict) -> str:
         return "no graphs"
     return (f"{g['gen_captured']} GEN graphs captured, GEN passes {g['gen_exact']} exact / {g['gen_bucket']} bucket, "
             f"UND passes {g['und_replayed']} replayed / {g['und_captured']} captured / {g['und_eager']} eager")
+
+
+def clips_back_to_back(farm: dict) -> list[str]:
+    """The clip and its second seed (``--jobs t2v,t2v-seed2``), one worker: the first started to the last published,
+    and what that makes an hour."""
+    clips = [farm["sidecars"][job] for job in ("t2v", "t2v-seed2") if job in farm["sidecars"]]
+    if len(clips) < 2:
+        return []
+    span = max(record["finished"] for record in clips) - min(record["started"] for record in clips)
+    return ["### Two clips back to back (T2V 1280x720, 189 frames, 35 steps)", "", "| figure | value |", "|---|---|",
+            f"| first clip started to last one published | {span:.1f} s: {3600 * len(clips) / span:.1f} clips an hour "
+            "on one GPU |", ""]
 
 
 def stream_tables(farm: dict) -> list[str]:
@@ -641,7 +654,7 @@ def do_report(args) -> None:
             for job, record in r["sidecars"].items():
                 if not job.startswith(STREAM_PREFIX):
                     lines += job_table(job, record)
-            lines += stream_tables(r)
+            lines += clips_back_to_back(r) + stream_tables(r)
         elif r["kind"] == "direct":
             lines += direct_tables(r)
         else:
