@@ -266,11 +266,18 @@ class Cosmos3Pipeline:
                 return
         if self.device.type != "cuda":
             return
-        vae = self.vae
-        for task in ("t2i", "t2v"):
+        for shape in self.warm_up_shapes():
+            self.vae.decode(torch.zeros(shape, device=self.device))
+
+    def warm_up_shapes(self) -> list[tuple[int, int, int, int]]:
+        """The latents ``[C, T', H', W']`` the warm-up decodes: the default still's, and where the checkpoint renders
+        clips, two frames of the default clip's (its first chunk and one after it)."""
+        shapes = []
+        for task in [task for task in ("t2i", "t2v") if task in self.rules.tasks]:
             plan = resolve(RenderRequest(task=task, prompt="warm-up"), self.rules)
-            frames = min(plan.frames, 1 + vae.config.temporal_factor)  # the first chunk and one after it
-            vae.decode(torch.zeros(vae.config.latent_shape(frames, plan.height, plan.width), device=self.device))
+            frames = min(plan.frames, 1 + self._vae.config.temporal_factor)
+            shapes.append(self._vae.config.latent_shape(frames, plan.height, plan.width))
+        return shapes
 
     # -- stages ------------------------------------------------------------------------------------
 
