@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from cosmos3.rules import json_text
 from farm import template
 from farm.errors import StorageFault
 from farm.job import Job
@@ -438,7 +439,7 @@ def read_record(path: Path) -> tuple[dict | None, str | None]:
     hand into something else. Never raises: a damaged record is reported, and the run goes on."""
     try:
         with open_regular(path) as handle:
-            data = json.loads(handle.read())
+            data = json_text.loads(handle.read())
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as err:
