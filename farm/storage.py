@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -431,6 +432,16 @@ def events_path(output_root: str | Path, name: str) -> Path:
 
 def summary_path(output_root: str | Path, name: str, run_id: str) -> Path:
     return records_dir(output_root, name) / "runs" / f"{run_id}.json"
+
+
+def new_run_id() -> str:
+    """A run's id: when it started, to the second, and 6 random hex digits (`20261206-101949-183baa`)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def longest_record(output_root: str | Path, name: str) -> Path:
+    """The longest path the records of manifest `name` take: a run summary's temp file (every run id is as long)."""
+    return temp_path(summary_path(output_root, name, new_run_id()))
 
 
 def read_record(path: Path) -> tuple[dict | None, str | None]:
