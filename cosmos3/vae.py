@@ -27,11 +27,8 @@ from cosmos3.errors import CheckpointError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS, check_vae_dir
 from cosmos3.rules.config import VAEConfig
+from cosmos3.rules.memory_plan import UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE
 
-# An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
-# in bf16 on the H200 (benchmarks/results/h200-render.md): ~138 and ~68 bytes per output pixel; per
-# byte of the VAE's dtype, rounded up.
-UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
 # Latent frames per chunk of fastvae's decode. On the H100 its peak above the weights was 15.1 GiB at 2 and 25.6 at
 # 4 (diffusers' untiled decode: 11.1), at the same 5.4 s: the decode is bandwidth-bound past a frame or two, and one
 # frame a chunk keeps the peak under diffusers' (~9.9 GiB by the two measured points; h100-vae-decode.md).
@@ -87,6 +84,11 @@ class WanVAE:
         except RuntimeError as err:  # a missing, unknown or misshapen tensor
             raise CheckpointError(f"{weights}: does not match vae/config.json: {err}") from None
         return cls(vae.eval(), config)
+
+    @property
+    def decoder(self) -> str:
+        """Whose decoder runs: ``fastvae`` (CUDA, the ``fast-vae`` extra) or ``diffusers``."""
+        return "diffusers" if self._fast is None else "fastvae"
 
     @property
     def dtype(self) -> torch.dtype:

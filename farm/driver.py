@@ -11,15 +11,14 @@ from __future__ import annotations
 import _thread
 import contextlib
 import functools
-import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from farm import claims, cluster, cluster_lock, lease, records, storage
-from farm.errors import FarmError, StorageFault
+from farm import claims, cluster, cluster_lock, lease, memory, records, storage
+from farm.errors import StorageFault
 from farm.events import RunLog
 from farm.job import JobState
 from farm.manifest import Manifest
@@ -63,20 +62,15 @@ class RunReport:
         return not self.error and not self.interrupted and all(o.state is JobState.DONE for o in self.outcomes.values())
 
 
-def new_run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
 def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
     # Raises: StorageFault (the root cannot be written), LeaseHeld (another driver renders this manifest: its
-    # storage lease, or on a shared cluster its Ray lock, is held),
-    # FarmError (another manifest uses this name in this root), ClaimConflict (another manifest of the root writes
-    # one of its files), ClusterError (no cluster, no GPUs of the type).
+    # storage lease, or on a shared cluster its Ray lock, is held), ClaimConflict (another manifest uses this name in
+    # this root, or writes one of its files), ClusterError (no cluster, no GPUs of the type).
     """
     started = time.monotonic()
-    report = RunReport(new_run_id(), manifest, {}, [])
+    report = RunReport(storage.new_run_id(), manifest, {}, [])
     storage.prepare_root(manifest.output_root)
     with contextlib.ExitStack() as stack:
         # On a cluster other drivers may join, Ray's lock comes first: a driver it refuses has written no record
@@ -86,7 +80,6 @@ def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
             stack.callback(cluster.disconnect, shared)
             stack.callback(_take_cluster_lock(manifest, report, options.wait).release)
         stack.callback(_take_lease(manifest, report, options.wait).release)
-        _check_same_manifest(manifest)
         claims.claim(manifest)
         jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
         report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
@@ -138,19 +131,6 @@ def _lease_path(manifest: Manifest) -> Path:
     return records.path(manifest.output_root, manifest.name, lease.LEASE_FILE)
 
 
-def _check_same_manifest(manifest: Manifest) -> None:
-    """# Raises: FarmError when the root's records of this name are another manifest's."""
-    state = records.read_state(manifest.output_root, manifest.name) or {}
-    if "unreadable" in state:
-        structlog.get_logger("farm").warning("state_unreadable", problem=state["unreadable"])
-    recorded = state.get("manifest")
-    if isinstance(recorded, dict) and recorded.get("path") not in (None, manifest.path):
-        raise FarmError(f"{manifest.output_root} already holds the renders of another manifest named "
-                        f"{manifest.name!r} ({recorded['path']}); two manifests with one name would overwrite each "
-                        f"other's renders: change name: (or, if the manifest moved, remove "
-                        f"{records.path(manifest.output_root, manifest.name, records.STATE_FILE)})")
-
-
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport,
             shared: cluster.Connection | None) -> None:
     storage.discard_temps(*todo)  # left by a run that crashed mid-write
@@ -164,14 +144,23 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
         report.dashboard_url = connection.dashboard_url
         if connection.dashboard_url:
             structlog.get_logger("farm").info("dashboard", url=connection.dashboard_url)
-        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo))
+        # Planned before a worker starts: a job no GPU memory class of the cluster holds is refused here, workers go
+        # only where their manifest's largest job fits, and each checks its own GPU before it loads anything.
+        least = memory.plan_manifest(manifest, gpu_memory=0)
+        classes = cluster.memory_classes()
+        eligible = memory.eligible_classes(least, classes) if classes else None
+        model = memory.with_plan(manifest, least).model
+        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo),
+                                    classes=eligible)
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
                   "root": manifest.output_root}
         settings = Settings(options.init_failure_budget, options.start_timeout,
                             release_idle=options.max_workers is not None)
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
-                 workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
-        scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
+                 workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type,
+                 gpu_memory_need_gib=round(model.memory.need / memory.GIB, 1), gpu_memory_job=model.memory.job,
+                 gpu_memory_classes=[name for name, _ in plan.classes])
+        scheduler = Scheduler(todo, cluster.launcher(plan, model, options.factory, origin), plan.count,
                               settings, log, RunMetrics(manifest.name, len(todo)),
                               cluster.capacity(plan, options.workers, options.max_workers))
         report.outcomes = scheduler.run()

@@ -26,12 +26,12 @@ from typing import Any
 
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.errors import Problem as FieldProblem
-from cosmos3.rules import checkpoint_header, load_options
+from cosmos3.rules import checkpoint_header, checkpoint_identity, load_options
 from cosmos3.rules import request as requests
 from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
 from cosmos3.rules.load_options import LoadOptions
 from cosmos3.rules.request import RenderRequest, RequestRules, shown
-from farm import document, fields, fingerprint, storage, terminal
+from farm import document, fields, records, storage, terminal
 from farm import template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
@@ -146,6 +146,10 @@ class _Resolver:
             self.error(("name",), f"{len(name.encode())} bytes; the farm keeps its records in {RECORDS_DIR}/<name>/ "
                                   f"and the file system of {root} takes names of at most {self._name_max(root)}")
             name = None
+        elif root is not None and name is not None and (
+                too_long := storage.too_long(records.longest_record(root, name))):
+            self.error(("output", "root"), f"the farm's records in {root / RECORDS_DIR / name}/ would not fit: "
+                                           f"{too_long} (pick an output.root nearer /, or a shorter name:)")
         jobs = self._jobs(raw_jobs, defaults, model, name, root, template)
         if None in (name, model, root) or model.spec is None or self.problems:
             return None
@@ -183,7 +187,12 @@ class _Resolver:
         for problem in found:
             self.field_error(("model", *problem[0].split(".")), problem)
         self._one_gpu_per_worker(options, found)
-        spec = ModelSpec(str(root), options, uses_static_fp8(config), fingerprint.checkpoint(root))
+        try:
+            measured = checkpoint_identity.fingerprint(root)
+        except CheckpointError as err:
+            self.error(("model", "checkpoint"), str(err))
+            return _Model(None, rules)
+        spec = ModelSpec(str(root), options, uses_static_fp8(config), measured.sha256, measured.files)
         return _Model(None if found else spec, rules)
 
     def _checkpoint(self, raw: dict) -> tuple[Path, Cosmos3Config, RequestRules] | None:
@@ -290,7 +299,7 @@ class _Resolver:
                 continue
             for seed, request in zip(sweep, requests_, strict=True):
                 job = self._job(job_id, len(jobs), seed, request, run, model.spec, name, root, template, outputs)
-                self._claim_media(job, where, owners, root)
+                self._claim_media(job, where, owners, root, Path(model.spec.checkpoint))
                 jobs.append(job)
         return jobs
 
@@ -304,12 +313,17 @@ class _Resolver:
             first_line[job_id] = self.doc.line((*where, "id"))
         return job_id
 
-    def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path) -> None:
+    def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path, checkpoint: Path) -> None:
         folder = os.path.dirname(job.media)
         if folder not in self._fine_folders:  # every job's path, symlinks resolved (a folder found fine once)
             try:
-                templates.check_target(root, job.media, RECORDS_DIR)
-                self._fine_folders.add(folder)
+                real = templates.check_target(root, job.media, RECORDS_DIR)
+                if real.is_relative_to(checkpoint):  # a render there would change the model's files, or be lost
+                    self.error(where, f"output path: {real} is inside the checkpoint {checkpoint}; renders belong "
+                                      "outside the model's folder (change output.path, or move the checkpoint out "
+                                      "of output.root)")
+                else:
+                    self._fine_folders.add(folder)
             except OutputPathError as err:
                 self.error(where, f"output path: {err}")
         for path in job.files:

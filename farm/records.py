@@ -40,6 +40,12 @@ def path(root: str | Path, *names: str) -> Path:
     return Path(root, storage.RECORDS_DIR, *names)
 
 
+def longest_record(root: str | Path, name: str) -> Path:
+    """The longest path the records of manifest `name` take: a run summary's temp file (every run id is as long).
+    Records are reached one name at a time, never by this path, but people and tools read them by it."""
+    return storage.temp_path(path(root, name, RUNS_DIR, f"{storage.new_run_id()}.json"))
+
+
 @contextlib.contextmanager
 def folder(root: str | Path, *names: str, create: bool = False) -> Iterator[int]:
     """A descriptor of the records folder `ROOT/.farm/<names>`, each folder below the root opened from the one

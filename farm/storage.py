@@ -22,10 +22,12 @@ import json
 import os
 import secrets
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from cosmos3.rules import json_text
 from farm import template
 from farm.errors import StorageFault
 from farm.job import Job
@@ -436,6 +438,11 @@ def read_regular(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def new_run_id() -> str:
+    """A run's id: when it started, to the second, and 6 random hex digits (`20261206-101949-183baa`)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
 def read_record(path: Path) -> tuple[dict | None, str | None]:
     """A JSON file the farm wrote outside its records folder (a sidecar, a checkpoint's fingerprint cache) as a
     mapping: (the mapping, None); (None, None) when there is none; (None, what is wrong with it, where, and what to
@@ -454,7 +461,7 @@ def read_record(path: Path) -> tuple[dict | None, str | None]:
 def parse_record(data: bytes, path: Path) -> tuple[dict | None, str | None]:
     """`data` read from `path` as a mapping of strict JSON (NaN and Infinity are no JSON), or what is wrong."""
     try:
-        record = json.loads(data, parse_constant=_not_json)
+        record = json_text.loads(data, parse_constant=_not_json)
     except ValueError as err:  # also UnicodeDecodeError
         return None, damaged(path, f"cannot be read as JSON ({err})")
     if not isinstance(record, dict):

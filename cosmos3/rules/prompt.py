@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules.checkpoint_files import read_bounded
 
 # The typo "give" (for "given") is intentional: it is what the model was trained on.
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
@@ -57,7 +58,7 @@ def _append_sentence(text: str, sentence: str) -> str:
 
 def tokenizer_dir(path: str | Path) -> Path:
     path = Path(path)
-    if not (path / "tokenizer_config.json").is_file():
+    if not (path / "tokenizer_config.json").exists():  # whatever is there is read as a bounded regular file
         raise CheckpointError(f"{path}: no tokenizer_config.json (is this the checkpoint's text_tokenizer/ dir?)")
     return path
 
@@ -86,6 +87,10 @@ class TextBudget:
         self._tokenizer, self.limit = tokenizer, limit
         # (prompt, spec, negative) -> tokens: a sweep's seeds share them, so they are counted once
         self._counts: dict[tuple[str, PromptSpec, bool], int] = {}
+        # prompt -> its own tokens, for the prompts far over the limit: counted once whatever the jobs' sizes, so
+        # the tokenizer's work is bounded by the manifest's bytes (one alias in every job, each at another fps,
+        # would otherwise tokenize a 16 MiB prompt once a job)
+        self._alone: dict[str, int] = {}
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TextBudget:
@@ -97,8 +102,9 @@ class TextBudget:
 
         path = tokenizer_dir(path)
         try:
-            config = json.loads((path / "tokenizer_config.json").read_text())
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            # bounded regular files: a FIFO or a link to /dev/zero is refused, never read
+            config = json.loads(read_bounded(path / "tokenizer_config.json"))
+            tokenizer = Tokenizer.from_str(read_bounded(path / "tokenizer.json").decode())
         except Exception as err:  # tokenizers raises its own Exception for a file it cannot parse
             raise tokenizer_not_loaded(path, err) from None
         stated = config.get("model_max_length") if isinstance(config, dict) else None
@@ -116,7 +122,15 @@ class TextBudget:
         return self._counts[key]
 
     def problem(self, prompt: str, spec: PromptSpec, *, negative: bool) -> str | None:
-        """Why ``prompt`` does not fit, or None."""
+        """Why ``prompt`` does not fit, or None. A prompt whose own tokens are over twice the limit is refused on them
+        alone: its metadata sentences and the system prompt only add tokens (an appended sentence changes how the
+        prompt's last word splits at most, never half its tokens)."""
+        if len(prompt) > 2 * self.limit:  # a token holds one character at least
+            if prompt not in self._alone:
+                self._alone[prompt] = len(self._tokenizer.encode(prompt, add_special_tokens=False).ids)
+            if self._alone[prompt] > 2 * self.limit:
+                return (f"{self._alone[prompt]:,} tokens in the prompt alone, over twice the text tokenizer's limit "
+                        f"of {self.limit:,}; shorten it")
         count = self.count(prompt, spec, negative=negative)
         if count <= self.limit:
             return None

@@ -177,6 +177,15 @@ def test_claims_damaged_or_deleted_are_read_from_the_state_and_still_refuse(tmp_
     assert storage.read_record(path)[0]["files"] == {"t2v/shot.mp4": "shot"}
 
 
+def test_claims_edited_to_spell_a_path_another_way_still_claim_it(tmp_path, capsys):
+    first = _submitted(tmp_path, [{"id": "shot", "prompt": "a harbour"}], "first", TEMPLATE, capsys)
+    second = write_manifest(tmp_path, [{"id": "shot", "prompt": "a desert"}], name="second", output=TEMPLATE)
+    claims.claims_path(tmp_path / "out", "first").write_text(
+        '{"format": 1, "files": {"elsewhere/../t2v/./shot.mp4": "shot"}}')
+    _refused(second, capsys, "t2v/shot.mp4 (job shot) is already written by job shot of manifest 'first'")
+    _untouched(first, "first")
+
+
 @pytest.mark.parametrize("state", ["deleted", "not JSON", "entries damaged"])
 def test_claims_and_state_both_unreadable_refuse_every_manifest_of_the_root_naming_the_files(tmp_path, capsys, state):
     """Nothing says which files the first writes, so no other manifest of its root may claim any, not even ones
@@ -316,3 +325,24 @@ def test_a_root_inside_another_roots_records_is_refused(tmp_path, capsys, inner_
                            output={"root": inner_root, "path": "{id}"})
     _refused(inner, capsys, f"the farm's records of output root {tmp_path / 'out'}")
     assert cli.main(["plan", str(outer)]) == 0
+
+
+@pytest.mark.parametrize("damage", ["state deleted", "state not JSON", "claims deleted", "claims not JSON"])
+def test_another_manifest_of_the_same_name_is_refused_while_either_record_says_whose_the_records_are(
+        tmp_path, capsys, damage):
+    """A second manifest named like the first takes over its records (its submit rewrites the claims) and overwrites
+    its renders, unless the records that still read name the first."""
+    shared = {"root": str(tmp_path / "out"), **TEMPLATE}
+    first = _submitted(tmp_path / "one", [{"id": "shot", "prompt": "a harbour"}], "first", shared, capsys)
+    impostor = write_manifest(tmp_path / "two", [{"id": "shot", "prompt": "a desert"}], name="first", output=shared)
+    record, how = damage.split(" ", 1)
+    path = records.path(tmp_path / "out", "first", claims.CLAIMS_FILE if record == "claims" else records.STATE_FILE)
+    if how == "deleted":
+        path.unlink()
+    else:
+        path.write_text("{")
+
+    _refused(impostor, capsys, f"already holds the renders of another manifest named 'first' ({first})",
+             "change name:")
+    _untouched(first, "first")
+    assert cli.main(["submit", str(first), "--no-progress"]) == 0  # the first's own records are its own

@@ -146,36 +146,12 @@ def test_a_gpu_worker_sets_its_cuda_allocator_before_the_pipeline_loads(cluster,
 
 
 class _VAEBuiltAfterReady(fake.FakeRenderer):
-    """Loads like a GPU worker's pipeline: its VAE's seconds are known only once the first job has waited for it."""
+    """Loads like a GPU worker's pipeline: its VAE's seconds are known only once the first job has waited for it.
+    It refuses to render before its warm-up has run."""
 
     def __init__(self, rules: RequestRules):
         super().__init__(rules, seconds_per_step=0.0)
         self.load_timings = {"total": 1.0, "vae": None}
-
-    def __call__(self, request, callback):
-        self.load_timings = {"total": 1.0, "vae": 2.5}
-        return super().__call__(request, callback)
-
-
-def _renderer_with_a_background_vae(model, gpu: bool) -> _VAEBuiltAfterReady:
-    return _VAEBuiltAfterReady(RequestRules.from_checkpoint(model.checkpoint))
-
-
-def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_path):
-    m = _manifest(tmp_path)
-    worker = _worker(m, _renderer_with_a_background_vae)
-    ray.get(worker.ready.remote())
-    render_and_publish(worker, m.jobs[1])
-    ray.kill(worker)
-    start = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())["worker_start"]
-    assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0
-
-
-class _RefusesUntilWarm(fake.FakeRenderer):
-    """Refuses to render before its warm-up has run."""
-
-    def __init__(self, rules: RequestRules):
-        super().__init__(rules, seconds_per_step=0.0)
         self.warm = False
 
     def warm_up(self):
@@ -184,20 +160,22 @@ class _RefusesUntilWarm(fake.FakeRenderer):
     def __call__(self, request, callback):
         if not self.warm:
             raise RuntimeError("rendered before its warm-up")
+        self.load_timings = {"total": 1.0, "vae": 2.5}
         return super().__call__(request, callback)
 
 
-def _renderer_refusing_until_warm(model, gpu: bool) -> _RefusesUntilWarm:
-    return _RefusesUntilWarm(RequestRules.from_checkpoint(model.checkpoint))
+def _renderer_with_a_background_vae(model, gpu: bool) -> _VAEBuiltAfterReady:
+    return _VAEBuiltAfterReady(RequestRules.from_checkpoint(model.checkpoint))
 
 
-def test_a_worker_is_ready_once_warm_and_its_sidecars_report_the_warm_up(cluster, tmp_path):
+def test_the_sidecar_reports_the_warm_up_and_the_vae_build_that_ended_after_ready(cluster, tmp_path):
     m = _manifest(tmp_path)
-    worker = _worker(m, _renderer_refusing_until_warm)
+    worker = _worker(m, _renderer_with_a_background_vae)
     ray.get(worker.ready.remote())
-    render_and_publish(worker, m.jobs[0])
+    render_and_publish(worker, m.jobs[1])
     ray.kill(worker)
-    start = json.loads(storage.sidecar_path(m.jobs[0].media).read_text())["worker_start"]
+    start = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())["worker_start"]
+    assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0
     assert start["worker"] >= start["warm_up"] >= 0  # the render above ran after the warm-up: it refuses otherwise
 
 
