@@ -343,7 +343,7 @@ def test_one_worker_per_gpu_and_refusals_for_what_the_cluster_lacks():
 
 
 def test_cpu_workers_are_bounded_by_the_jobs_and_refused_beyond_the_cores(monkeypatch):
-    monkeypatch.setattr(cluster_module, "_gpus", lambda accelerator_type: 0)  # this module's cluster, seen GPU-less
+    monkeypatch.setattr(cluster_module, "_gpus", lambda accelerator_type, classes=(): 0)  # this module's cluster, seen GPU-less
     cores = int(cluster_module.ray.cluster_resources()["CPU"])
     assert cluster_module.plan_workers(None, None, jobs=3) == cluster_module.WorkerPlan(1, 0, cores, None)
     assert cluster_module.plan_workers(cores, None, jobs=2) == cluster_module.WorkerPlan(2, 0, cores // 2, None)
