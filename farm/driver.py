@@ -11,7 +11,6 @@ from __future__ import annotations
 import _thread
 import contextlib
 import functools
-import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -65,10 +64,6 @@ class RunReport:
         return not self.error and not self.interrupted and all(o.state is JobState.DONE for o in self.outcomes.values())
 
 
-def new_run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
 def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
@@ -77,7 +72,7 @@ def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     # this root, or writes one of its files), ClusterError (no cluster, no GPUs of the type).
     """
     started = time.monotonic()
-    report = RunReport(new_run_id(), manifest, {}, [])
+    report = RunReport(storage.new_run_id(), manifest, {}, [])
     storage.prepare_root(manifest.output_root)
     with contextlib.ExitStack() as stack:
         # On a cluster other drivers may join, Ray's lock comes first: a driver it refuses has written no record
