@@ -447,8 +447,9 @@ class _Resolver:
             steps=request.steps)))
         media = root / (relative + (".png" if request.task == "t2i" else ".mp4"))
         wav = str(wav_beside(media)) if "wav" in outputs else None
+        inputs = tuple((path, self._input_hash(path)) for path in (request.image, request.video) if path)
         return Job(key=key, id=job_id, order=order, request=request, media=str(media), wav=wav,
-                   config_hash=config_hash(request, model, self._input_hash, outputs), **run)
+                   config_hash=config_hash(request, model, self._input_hash, outputs), inputs=inputs, **run)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -483,6 +484,5 @@ class _Resolver:
 
     def _input_hash(self, path: str) -> str:
         if path not in self._input_hashes:
-            with open(path, "rb") as handle:  # an input may be a link to the user's file: followed here
-                self._input_hashes[path] = storage.hash_handle(handle)[0]  # in chunks: an input may be gigabytes
+            self._input_hashes[path] = storage.input_sha256(path)
         return self._input_hashes[path]

@@ -26,7 +26,7 @@ from cosmos3.errors import BackgroundLoadError, CheckpointError, SoundTokenizerL
 from cosmos3.rules import checkpoint_identity
 from cosmos3.rules.request import RenderRequest
 from farm import metrics, storage
-from farm.errors import JobFault, WorkerStartError
+from farm.errors import InputChanged, JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
 from worker import bytecode, encode, gpu_telemetry
 from worker.gpu import check_assignment, check_gpu_memory, configure_cuda_allocator, cuda_device_facts
@@ -159,6 +159,22 @@ def _measure(model: ModelSpec) -> checkpoint_identity.Fingerprint:
     return found
 
 
+def _check_inputs(job: Job) -> None:
+    """The job's image or video is still the file its config hash was made from: a render made from another file
+    would be published, and counted done, under that hash (and again after the file is put back).
+
+    # Raises: InputChanged naming the file and the fix.
+    """
+    for path, sha256 in job.inputs:
+        try:
+            same = storage.input_sha256(path) == sha256
+        except OSError:
+            same = False
+        if not same:
+            raise InputChanged(f"{path} is not the file farm submit hashed into job {job.key}'s config hash (it "
+                               f"changed, or was removed, since); run farm submit again to render from it as it is")
+
+
 def _out_of_memory() -> tuple[type[BaseException], ...]:
     """Host and GPU out-of-memory errors; torch's only where this process imported it (a fake renderer does not)."""
     torch = sys.modules.get("torch")
@@ -254,11 +270,13 @@ class RenderWorker:
         settle_heap()  # before the job's clock
         started = time.time()
         gauges = self._gpu_gauges
+        _check_inputs(job)  # what the renderer is about to read is what the config hash took
         # A clip's MP4 encodes beside its decode, fed chunk by chunk; the publish waits for its end.
         clip = None if job.request.task == "t2i" else encode.Mp4Stream()
         try:
             with gpu_telemetry.Sampler(self._telemetry, on_sample=None if gauges is None else gauges.sample) as sampler:
                 output = self._run(job, clip)
+            _check_inputs(job)  # and it did not change while the renderer read it
             sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
             if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
                 raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")

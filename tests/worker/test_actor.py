@@ -17,9 +17,9 @@ import structlog.testing
 from cosmos3.rules.load_options import LoadOptions
 from cosmos3.rules.request import RequestRules
 from farm import manifest, storage
-from farm.errors import WorkerStartError
+from farm.errors import InputChanged, WorkerStartError
 from tests.farm import fakes
-from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_manifest
+from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_image, write_manifest
 from worker import fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
@@ -223,3 +223,29 @@ def test_a_render_starts_on_a_collected_and_frozen_heap(cluster, tmp_path):
         gc.unfreeze()
         gc.enable()
     assert not seen["garbage_left"] and seen["frozen"] > frozen_before
+
+
+@pytest.mark.parametrize("when", ["before the render", "while it renders"])
+def test_a_render_from_an_input_other_than_the_one_its_config_hash_took_is_refused(tmp_path, when):
+    """An i2v job's image changed after farm submit hashed it into the job's config hash: a render made from it
+    would be published, and counted done, under that hash (and again once the file is put back)."""
+    image = write_image(tmp_path / "inputs" / "frame.png")
+    m = manifest.load(write_manifest(tmp_path, [{"id": "i", "task": "i2v", "prompt": "x", "image": str(image)}]))
+    Path(m.output_root).mkdir(exist_ok=True)
+
+    def changed() -> None:
+        image.write_bytes(image.read_bytes() + b"another file")
+
+    class Swapping(fake.FakeRenderer):
+        def __call__(self, request, callback, frames=None):
+            changed()
+            return super().__call__(request, callback, frames)
+
+    renderer = Swapping if when == "while it renders" else fake.FakeRenderer
+    worker = RenderWorker(m.model, lambda model, gpu: renderer(RequestRules.from_checkpoint(model.checkpoint), 0.0),
+                          {**ORIGIN, "root": m.output_root}, 0)
+    if when == "before the render":
+        changed()
+    with pytest.raises(InputChanged, match=f"{image} is not the file farm submit hashed into job i's config hash"):
+        worker.render(m.jobs[0], 1)
+    assert not Path(m.jobs[0].media).exists()
