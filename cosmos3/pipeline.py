@@ -33,12 +33,13 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.cuda_graphs import enable_cuda_graphs
+from cosmos3.errors import ConfigError
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt_tokenizer import PromptTokenizer
 from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
 from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
-from cosmos3.rules.load_options import Precision
+from cosmos3.rules.load_options import Precision, parallel_problems
 from cosmos3.rules.model_card import tasks_of
 from cosmos3.rules.prompt import PromptSpec
 from cosmos3.rules.request import (
@@ -212,6 +213,8 @@ class Cosmos3Pipeline:
         """
         root = Path(checkpoint_dir)
         cache_settings = parse_cache(cache)
+        if found := parallel_problems(parallel):  # before any thread starts; a given ``model`` too runs on one GPU
+            raise ConfigError.listing("load options", found)
         check_layout(root)
         if vae_load not in VAE_LOADS:
             raise ValueError(f"vae_load={vae_load!r}: expected one of {', '.join(VAE_LOADS)}")

@@ -32,8 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cosmos3.errors import ConfigError
-from cosmos3.ops import FP8, quantize_fp8
-from cosmos3.ops.cpu import FP8_MAX
+from cosmos3.ops import FP8, FP8_MAX, quantize_fp8
 from cosmos3.rules.attention_choice import check_attention
 
 log = structlog.get_logger(__name__)

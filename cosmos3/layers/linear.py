@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from cosmos3.ops.cpu import FP8
+from cosmos3.ops import FP8
 from cosmos3.quant.base import LinearMethod
 
 

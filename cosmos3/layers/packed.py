@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from cosmos3.layers.linear import Linear, shared_input_scale
-from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod, scaled_mm
+from cosmos3.ops import FP8
+from cosmos3.quant.fp8_static import StaticFP8LinearMethod, scaled_mm
 
 # The most GEMM rows (tokens) a packed Q/K/V runs at, by SM version (10 * major + minor); an SM without a row
 # never packs (the split path is the one every arch was verified on). sm_90: benchmarks/bench_packed_gemm.py on

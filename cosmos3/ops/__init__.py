@@ -43,11 +43,11 @@ from __future__ import annotations
 import torch
 
 from cosmos3.ops import cpu, loader
-from cosmos3.ops.cpu import FP8
+from cosmos3.ops.cpu import FP8, FP8_MAX
 from cosmos3.ops.loader import load_cuda_ops
 from cosmos3.ops.schemas import LIB as _LIB
 
-__all__ = ["DEQUANTIZE_DTYPES", "FP8", "INPUT_DTYPES", "add_rms_norm", "attention_inputs", "dequantize_fp8",
+__all__ = ["DEQUANTIZE_DTYPES", "FP8", "FP8_MAX", "INPUT_DTYPES", "add_rms_norm", "attention_inputs", "dequantize_fp8",
            "load_cuda_ops", "quantize_fp8", "rms_norm", "silu_and_mul_2in"]
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

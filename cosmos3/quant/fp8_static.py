@@ -16,10 +16,8 @@ import torch
 
 from cosmos3 import ops
 from cosmos3.errors import CheckpointError
+from cosmos3.ops import FP8, FP8_MAX
 from cosmos3.quant.base import LinearMethod, ShardTensors, require_dtype, require_scalar_scale
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 
 # ModelOpt duplicates each scale in a buffer; we check them against the scale, then drop them.
 MODELOPT_BUFFERS = {

@@ -24,7 +24,8 @@ from cosmos3.checkpoint.weights import SKIPPED
 from cosmos3.diffusers_model import reference_forward
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.layers.linear import Linear
-from cosmos3.quant.fp8_static import FP8, FP8_MAX, StaticFP8LinearMethod
+from cosmos3.ops import FP8, FP8_MAX
+from cosmos3.quant.fp8_static import StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.rules.checkpoint_header import linear_sites
 from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
@@ -462,16 +463,24 @@ def test_static_scale_for_a_high_precision_destination_is_refused(exports, tmp_p
 
 
 @pytest.mark.parametrize("axis", ["tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size"])
-def test_static_fp8_with_a_parallel_axis_above_1_is_refused(exports, axis):
-    with pytest.raises(ConfigError, match=f"static FP8 runs one GPU per worker; got parallel.{axis}=2"):
-        load_transformer(exports["cosmos"], parallel={axis: 2})
-    load_transformer(exports["bf16"], parallel={axis: 2})  # BF16 is not refused here
+def test_a_parallel_axis_above_1_is_refused_whatever_the_checkpoint(exports, axis):
+    for checkpoint in (exports["cosmos"], exports["bf16"]):
+        with pytest.raises(ConfigError, match=rf"cosmos3 runs a model on one GPU \(no parallel axis is built\); "
+                                              rf"got parallel.{axis}=2 \(set it to 1\)"):
+            load_transformer(checkpoint, parallel={axis: 2})
+    load_transformer(exports["bf16"], parallel={axis: 1})
+
+
+def test_from_pretrained_refuses_a_parallel_axis_before_it_reads_the_checkpoint(tmp_path):
+    from cosmos3.pipeline import Cosmos3Pipeline
+
+    with pytest.raises(ConfigError, match=r"parallel.tp_size: cosmos3 runs a model on one GPU"):
+        Cosmos3Pipeline.from_pretrained(tmp_path, parallel={"tp_size": 2})  # an empty folder: nothing is read
 
 
 @pytest.mark.parametrize("kwargs,message", [
     pytest.param({"precision": "fp8-dynamic"}, "forced dynamic quantization on a split GatedMLP", id="force-dynamic"),
     pytest.param({"precision": "bf16"}, "would re-quantize calibrated weights", id="force-bf16"),
-    pytest.param({"lora": "adapter.safetensors"}, "LoRA adapters are not supported .static FP8", id="lora"),
 ])
 def test_options_that_would_change_a_static_checkpoint_are_refused(exports, kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -70,7 +70,8 @@ def test_the_loader_is_the_workers_guard_against_sharded_static_fp8(cluster, tmp
     sharded = dataclasses.replace(m.model, options=LoadOptions(parallel={"tp_size": 1, "cfg_size": 2}))
     worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(sharded, cosmos3_factory, ORIGIN, 0)
     with pytest.raises(ray.exceptions.ActorDiedError,
-                       match=r"parallel.cfg_size: static FP8 runs one GPU per worker; got parallel.cfg_size=2"):
+                       match=r"parallel.cfg_size: cosmos3 runs a model on one GPU .no parallel axis is built.; got "
+                             r"parallel.cfg_size=2"):
         ray.get(worker.ready.remote())
 
 
