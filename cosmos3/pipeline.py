@@ -225,8 +225,8 @@ class Cosmos3Pipeline:
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         # Threads that import under LIBRARY_IMPORT, all beside the transformer's load: the text tokenizer's takes it
-        # first, then the VAE's and the sound tokenizer's (diffusers). Started after the VAE's, the tokenizer waited
-        # for diffusers' whole import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
+        # first, then the VAE's and the sound tokenizer's (diffusers): behind the VAE's, the tokenizer, which a worker
+        # needs before its first job, would wait for diffusers' whole import.
         tokenizer_load = PromptTokenizer.load_in_background(root / TEXT_TOKENIZER_DIR)
         timings = {"ops": ops_seconds}
         config = Cosmos3Config.from_json(transformer_dir(root) / "config.json")

@@ -69,7 +69,7 @@ def build_transformer(
     if policy is not None:
         gen, und = tower_linears(model)
         w8a8 = get_quant_method(precision, fp8_accumulation)
-        model.step_controller = StepPrecisionController(gen, und, policy, w8a8, W8A16, model.attention)
+        model.step_controller = StepPrecisionController(model.step_precision, gen, und, policy, w8a8, W8A16)
     return model.eval()
 
 

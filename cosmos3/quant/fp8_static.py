@@ -63,7 +63,6 @@ class StaticFP8LinearMethod(LinearMethod):
         if layer.has_bias:
             layer.bias = torch.nn.Parameter(torch.empty(layer.out_features, dtype=dtype), False)
         layer.out_dtype = dtype
-        layer.dequantized = None  # the weight in 16 bits while a w8a16.DequantizedWeights holds it (W8A16 reads it)
 
     def checkpoint_tensors(self, layer):
         return ("weight", "weight_scale", "input_scale") + (("bias",) if layer.has_bias else ())

@@ -198,14 +198,14 @@ def test_quantized_top_linears_follow_the_step_policy_with_the_gen_tower(exports
         c["quantization_config"]["runtime"] = {"diffusion_step_policy": PUBLISHED_STEP_POLICY}
     model = load_transformer(rewrite(exports["stock"], tmp_path / "p", edit_config=policy))
     model.set_denoising_step(0, 10)
-    assert model.proj_in.quant_method is W8A16 and model.time_embedder.linear_1.quant_method is W8A16
+    assert model.proj_in.method is W8A16 and model.time_embedder.linear_1.method is W8A16
     model.set_denoising_step(5, 10)
-    assert model.proj_in.quant_method is STATIC_FP8
-    assert model.layers[0].self_attn.to_q.quant_method is W8A16  # UND: reasoner a16, whatever the step
+    assert model.proj_in.method is STATIC_FP8
+    assert model.layers[0].self_attn.to_q.method is W8A16  # UND: reasoner a16, whatever the step
 
 
 def test_fp8_accumulation_reaches_every_fp8_linear_and_the_w8a8_steps(exports, tmp_path):
-    """The option picks how every W8A8 GEMM sums, the packed Q/K/V's too, also after a W8A16 step rebinds them."""
+    """The option picks how every W8A8 GEMM sums, the packed Q/K/V's too, also after a W8A16 step."""
     from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
     from cosmos3.quant import W8A16
 
@@ -217,11 +217,11 @@ def test_fp8_accumulation_reaches_every_fp8_linear_and_the_w8a8_steps(exports, t
         assert model.fp8_accumulation == accumulation
         for step, edge in ((5, False), (0, True), (5, False)):  # W8A8, W8A16, W8A8 again
             model.set_denoising_step(step, 10)
-            assert (model.proj_in.quant_method is W8A16) is edge
-            fp8 = [m.quant_method for m in model.modules()
-                   if isinstance(m, Linear) and m.quant_method.shares_input_quant]  # W8A8 ones
+            assert (model.proj_in.method is W8A16) is edge
+            fp8 = [m.method for m in model.modules()
+                   if isinstance(m, Linear) and m.method.shares_input_quant]  # W8A8 ones
             assert fp8 and {method.accumulation for method in fp8} == {accumulation}, step
-        assert model.layers[0].self_attn.to_q.quant_method.accumulation == accumulation  # UND
+        assert model.layers[0].self_attn.to_q.method.accumulation == accumulation  # UND
     assert load_transformer(exports["bf16"]).fp8_accumulation is None  # no FP8 GEMMs to sum
 
 
