@@ -116,7 +116,7 @@ def write_manifest(folder: Path, checkpoint: Path, variant: str, jobs: list[dict
         iio.imwrite(folder / "inputs" / "frame.png", frame)
     model = {"checkpoint": str(checkpoint), "precision": "auto", "step_precision": "auto", "attention": attention}
     manifest = {
-        "version": 1, "name": f"nano-{variant}",
+        "version": 1, "name": f"bench-{variant}",
         "model": model if cache is None else {**model, "cache": cache},
         "output": {"root": str(folder / "renders"), "path": "{task}/{id}"},
         "defaults": {"retries": 0, "timeout": "20m", "fps": 24},
@@ -192,6 +192,7 @@ def do_farm(args) -> dict:
     stop.set()
     collector.join()
     print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", flush=True)
+    rerenders = _rerenders(folder, manifest, jobs, command, args.rerenders) if args.rerenders else None
     sidecars = {}
     for job in jobs:
         media = folder / "renders" / job["task"] / (job["id"] + (".png" if job["task"] == "t2i" else ".mp4"))
@@ -205,8 +206,31 @@ def do_farm(args) -> dict:
             "command": " ".join(command),
             "exit": run.returncode, "seconds": seconds, "page_cache": cache, "waited_for_idle_gpu": waited,
             "bytecode_compile_seconds": compiled,
-            "sidecars": sidecars,
+            "sidecars": sidecars, "rerenders": rerenders,
             "summary": json.loads(summaries[-1].read_text()) if summaries else None}
+
+
+def _media_sha256(folder: Path, jobs: list[dict]) -> dict[str, str | None]:
+    """Each job's published media sha256, as its sidecar records it (None: not published)."""
+    found = {}
+    for job in jobs:
+        media = folder / "renders" / job["task"] / (job["id"] + (".png" if job["task"] == "t2i" else ".mp4"))
+        sidecar = Path(f"{media}.json")
+        found[job["id"]] = json.loads(sidecar.read_text())["media"]["sha256"] if sidecar.is_file() else None
+    return found
+
+
+def _rerenders(folder: Path, manifest: Path, jobs: list[dict], command: list[str], times: int) -> dict:
+    """The manifest rendered ``times`` more times with ``--force``, each by a fresh worker: every job's media sha256
+    per render, and whether all of them are byte-identical."""
+    renders = [_media_sha256(folder, jobs)]
+    for _ in range(times):
+        wait_for_idle_gpu()
+        subprocess.run([*command, "--force"], text=True, capture_output=True)
+        renders.append(_media_sha256(folder, jobs))
+    identical = {job["id"]: len({r[job["id"]] for r in renders}) == 1 and renders[0][job["id"]] is not None
+                 for job in jobs}
+    return {"sha256": renders, "identical": identical}
 
 
 # -- direct: the pipeline without the farm, for what a farm run cannot isolate -----------------------
@@ -652,6 +676,8 @@ def main() -> None:
     farm.add_argument("--attention", default="auto", choices=ATTENTION_CHOICES)
     farm.add_argument("--cache", choices=METHODS, help="the manifest's step cache (unset: the pipeline's default)")
     farm.add_argument("--drop-caches", action="store_true")
+    farm.add_argument("--rerenders", type=int, default=0, help="render the manifest again this many times (--force, "
+                                                               "a fresh worker each) and compare the media's bytes")
     farm.add_argument("--out", type=Path, required=True)
     diff = sub.add_parser("diffusers")
     diff.add_argument("--root", type=Path, required=True)

@@ -44,7 +44,7 @@ from benchmarks.common import timed
 from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY, export, quantize
 from cosmos3.checkpoint.loader import build_transformer, load_transformer
 from cosmos3.checkpoint.weights import SKIPPED, TensorDict
-from cosmos3.cuda_graphs import enable_cuda_graphs
+from cosmos3.cuda_graphs import enable_cuda_graphs, warmed_capture
 from cosmos3.diffusers_model import reference_forward
 from cosmos3.layers.linear import Linear, quantize_shared_input
 from cosmos3.quant import STATIC_FP8
@@ -214,15 +214,7 @@ def main() -> None:
 
 def graphed(fn):
     """``fn`` captured once in a CUDA graph; the returned callable replays it."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    return warmed_capture(fn)[0].replay
 
 
 SOUND = " +sound"

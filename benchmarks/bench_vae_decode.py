@@ -23,24 +23,9 @@ import numpy as np
 import torch
 
 from benchmarks.common import GIB, machine
-from benchmarks.random_checkpoint import WAN22_VAE
 from cosmos3.media import to_uint8_frames
+from testbed.wan_vae import WAN22_VAE, synthetic_video
 from toy import measure
-
-
-def synthetic_video(frames: int, height: int, width: int, device) -> torch.Tensor:
-    """``[1, 3, T, H, W]`` in [-1, 1]: gradients, a fixed texture and three discs crossing the frame."""
-    t = torch.arange(frames, device=device, dtype=torch.float32).view(-1, 1, 1)
-    y = torch.linspace(-1, 1, height, device=device).view(1, -1, 1)
-    x = torch.linspace(-1, 1, width, device=device).view(1, 1, -1)
-    g = torch.Generator(device=device).manual_seed(0)
-    texture = torch.rand((1, height, width), generator=g, device=device) * 0.2 - 0.1
-    channels = []
-    for c, (cx, cy, speed) in enumerate(((-0.8, -0.3, 0.01), (0.6, 0.4, -0.008), (0.0, 0.0, 0.005))):
-        base = 0.5 * torch.sin(3 * x + 2 * y * (c + 1) + 0.05 * t) + texture
-        disc = ((x - (cx + speed * t)) ** 2 + (y - cy) ** 2) < 0.05
-        channels.append(torch.where(disc, torch.full_like(base, 0.9 - 0.6 * c), base))
-    return torch.stack(channels).clamp(-1, 1).unsqueeze(0)  # [1, 3, T, H, W]
 
 
 def timed(fn):

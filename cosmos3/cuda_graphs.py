@@ -28,6 +28,11 @@ for it: a still's nine W8A16 forwards then dequantize once. The copy lives while
 address is in their graphs); ``prepare`` drops it, and the graphs that read it, before a job whose passes are
 too long for graphs, which would gain nothing from it (a clip's W8A16 forward is ~1.9 s).
 
+A step cache's cached pass (``Cosmos3Transformer.cached_gen``: the GEN stream's embedding, the stack's stand-in
+residual added, the readout) is a few dozen small kernels, launched right after the step's decision has read the
+device: eager, the GPU idles while the host launches them. It replays a graph of its own per layout and mode
+(``CACHED_GRAPHS`` held, in their own pool), its inputs copied in as a computed pass's are.
+
 A job's UND pass (once per CFG branch) is launch-bound too: ~1,700 small kernels a branch for a prompt of ~50
 tokens, 0.04 s of host time for 0.02 s of GPU work (benchmarks/results/h200-graphs.md). In short
 jobs, a prompt length's pass is captured when the length ran in one of the last ``UND_RECENT_PASSES`` UND passes
@@ -62,6 +67,8 @@ GRAPH_MAX_TOKENS = 16384
 # Free device memory the dequantized GEN weights must leave: what a graphed pass (up to GRAPH_MAX_TOKENS tokens)
 # and a still's VAE decode may still allocate beside them.
 DEQUANTIZED_HEADROOM = 8 << 30
+# Layouts whose cached pass stays captured (least recently used dropped first): a job's passes share one layout.
+CACHED_GRAPHS = 4
 # Prompt lengths whose UND pass stays captured (least recently used dropped first).
 UND_GRAPHS = 8
 # The fewest UND K/V rows of a graph whose kernel skips rows. Buckets are powers of two: a graph per doubling of
@@ -137,6 +144,17 @@ class _Captured:
 
 
 @dataclass
+class _CapturedCached:
+    graph: torch.cuda.CUDAGraph
+    latents: torch.Tensor  # static inputs ...
+    step_t: torch.Tensor
+    residual: torch.Tensor  # [N_gen, H]
+    sound: torch.Tensor | None
+    layout: GenLayout  # kept alive: the graph reads its noisy-frame index
+    out: GenOutput  # ... and outputs, owned by the graph's pool
+
+
+@dataclass
 class _CapturedUnd:
     graph: torch.cuda.CUDAGraph
     ids: torch.Tensor  # static input [S] ...
@@ -153,9 +171,24 @@ class JobGraphs:
     gen_exact: int = 0  # GEN passes replayed from a graph of the prompt's exact length
     gen_bucket: int = 0  # GEN passes replayed from a bucket's graph (its kernel skips the rows before the prompt)
     gen_eager: int = 0  # GEN passes too long for graphs
+    gen_cached: int = 0  # a step cache's cached passes replayed from a graph (a capture counts in gen_captured)
     und_captured: int = 0  # UND passes captured (each runs eagerly too: its answer)
     und_replayed: int = 0
     und_eager: int = 0  # UND passes run eagerly and not captured
+
+
+def warmed_capture(run, pool=None) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Runs ``run`` once on a side stream (lazy cuBLAS/extension init must not happen during capture), then captures
+    it into a graph in ``pool`` (None: a pool of its own); returns the graph and the captured call's outputs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out
 
 
 class GenGraphs:
@@ -170,6 +203,8 @@ class GenGraphs:
         self.max_graphs = max_graphs
         self.pool = torch.cuda.graph_pool_handle()
         self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self._cached_graphs: OrderedDict[tuple, _CapturedCached] = OrderedDict()  # (layout, mode) -> cached pass
+        self._cached_pool = torch.cuda.graph_pool_handle()
         self._und_graphs: OrderedDict[int, _CapturedUnd] = OrderedDict()  # prompt length -> its UND pass
         self._und_recent = Recent(UND_RECENT_PASSES)  # prompt lengths of the last UND passes (a length in it captures)
         self._gen_recent = Recent(recent_jobs or recurring_jobs)  # GEN layouts of the last jobs
@@ -214,8 +249,9 @@ class GenGraphs:
         self._short_job = tokens <= GRAPH_MAX_TOKENS
         if self._short_job or (self.dequantized is None and not self._und_graphs):
             return
-        for key in [key for key in self._graphs if key[1].reads is not None]:
-            del self._graphs[key]
+        for graphs in (self._graphs, self._cached_graphs):
+            for key in [key for key in graphs if key[1].reads is not None]:
+                del graphs[key]
         if self.dequantized is not None:
             self.dequantized.release()
             self.dequantized = None
@@ -294,6 +330,35 @@ class GenGraphs:
         # The stack's tensors stay the graph's: a step cache takes their difference before the next replay.
         return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone(), out.stack)
 
+    def run_cached(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, residual: torch.Tensor,
+                   sound: torch.Tensor | None) -> GenOutput:
+        """A cached step's pass (``Cosmos3Transformer.cached_gen``), replayed from its layout's graph where a
+        computed pass of that layout would be."""
+        if layout.cos.shape[0] > GRAPH_MAX_TOKENS:
+            return self.model.cached_gen(layout, latents, step_t, residual, sound)
+        key = (layout.key._replace(und_len=0), self._mode())  # the embedding and readout never read the UND K/V
+        captured = self._cached_graphs.get(key)
+        if captured is None:
+            if len(self._cached_graphs) >= CACHED_GRAPHS:
+                self._cached_graphs.popitem(last=False)
+            captured = self._cached_graphs[key] = self._capture_cached(layout, latents, step_t, residual, sound)
+            self.job.gen_captured += 1
+        self._cached_graphs.move_to_end(key)
+        self.job.gen_cached += 1
+        static, live = [captured.latents, captured.step_t, captured.residual], [latents, step_t, residual]
+        if sound is not None:
+            static.append(captured.sound)
+            live.append(sound)
+        torch._foreach_copy_(static, live)
+        captured.graph.replay()
+        out = captured.out
+        return GenOutput(out.vision.clone(), None if out.sound is None else out.sound.clone())
+
+    def _capture_cached(self, layout, latents, step_t, residual, sound) -> _CapturedCached:
+        inputs = (latents.clone(), step_t.clone(), residual.clone(), None if sound is None else sound.clone())
+        graph, out = warmed_capture(lambda: self.model.cached_gen(layout, *inputs), self._cached_pool)
+        return _CapturedCached(graph, *inputs, layout, out)
+
     def _bucket_slot(self, base: tuple, cache: UndCache) -> tuple:
         """The key of the bucket graph that serves ``cache``: the one holding its K/V; else one whose K/V's prompt
         is gone (its job is over); else one not captured yet; else the one used least recently (the other branch
@@ -325,15 +390,7 @@ class GenGraphs:
         static = UndCache([right_aligned(k) for k in cache.keys], [right_aligned(v) for v in cache.values], rows, skip)
         static_layout = dataclasses.replace(layout, cos=layout.cos.clone(), sin=layout.sin.clone())
         inputs = (latents.clone(), step_t.clone(), static, None if sound is None else sound.clone())
-        # Warm up on a side stream (lazy cuBLAS/extension init must not happen during capture).
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.model.gen(static_layout, *inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = self.model.gen(static_layout, *inputs)
+        graph, out = warmed_capture(lambda: self.model.gen(static_layout, *inputs), self.pool)
         return _Captured(graph, inputs[0], inputs[1], static, static_layout, inputs[3], out, weakref.ref(cache))
 
     def _capture_und(self, ids: torch.Tensor) -> UndCache:

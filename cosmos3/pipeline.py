@@ -19,8 +19,6 @@ the audio VAE) are built; the first job waits for them only where it needs them,
 from __future__ import annotations
 
 import copy
-import hashlib
-import struct
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,11 +31,12 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.cuda_graphs import enable_cuda_graphs
-from cosmos3.errors import ConfigError
+from cosmos3.errors import BackgroundLoadError, ConfigError
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt_tokenizer import PromptTokenizer
 from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
+from cosmos3.rules.checkpoint_identity import fingerprint, identity
 from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.rules.load_options import Precision, parallel_problems
 from cosmos3.rules.model_card import tasks_of
@@ -98,25 +97,6 @@ class Conditioning:
         if self.latents is not None:
             latents[:, : self.latents.shape[1]] = self.latents
         return latents
-
-
-def _safetensors_header(path: Path) -> bytes:
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        return f.read(size)
-
-
-def checkpoint_identity(root: Path) -> dict:
-    """Path + sha256 over ``transformer/config.json`` and the weight index (or, unsharded, the file header)."""
-    transformer = root / "transformer"
-    digest = hashlib.sha256((transformer / "config.json").read_bytes())
-    indexes = sorted(transformer.glob("*.safetensors.index.json"))
-    for index in indexes:
-        digest.update(index.read_bytes())
-    if not indexes:  # an unsharded checkpoint: its header lists every tensor name, dtype, shape and offset
-        for shard in sorted(transformer.glob("*.safetensors")):
-            digest.update(_safetensors_header(shard))
-    return {"path": str(root.resolve()), "sha256": digest.hexdigest()}
 
 
 class Cosmos3Pipeline:
@@ -216,6 +196,8 @@ class Cosmos3Pipeline:
         if found := parallel_problems(parallel):  # before any thread starts; a given ``model`` too runs on one GPU
             raise ConfigError.listing("load options", found)
         check_layout(root)
+        # The checkpoint as it is before anything loads: what every sidecar names (the farm's config hash holds it).
+        checkpoint = identity(root.resolve(), fingerprint(root.resolve()).sha256)
         if vae_load not in VAE_LOADS:
             raise ValueError(f"vae_load={vae_load!r}: expected one of {', '.join(VAE_LOADS)}")
         device = torch.device(device)
@@ -258,7 +240,7 @@ class Cosmos3Pipeline:
             vae=vae,
             tokenizer=tokenizer,
             recipe=load_recipe(root),
-            checkpoint=checkpoint_identity(root),
+            checkpoint=checkpoint,
             device=device,
             dtype=dtype,
             sound=sound,
@@ -271,6 +253,23 @@ class Cosmos3Pipeline:
                 build.result()  # waits for the build; raises its error
         pipe._load_timings = {**timings, "total": clock() - started}
         return pipe
+
+    def warm_up(self) -> None:
+        """Pays now what a worker's first job would pay for its decode: the VAE's and the sound tokenizer's builds
+        (their move to the device), and a decode of two latent frames at the default still's and the default clip's
+        sizes, where a GPU's decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the H100, and
+        ~5 s more at a clip's 720p the first time; h100-vae-decode.md). A build that failed is left to the jobs
+        that need it to report, as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
+        for build in self._decoders():
+            try:
+                build.wait()
+            except BackgroundLoadError:
+                return
+        vae = self.vae
+        for task in ("t2i", "t2v"):
+            plan = resolve(RenderRequest(task=task, prompt="warm-up"), self.rules)
+            frames = min(plan.frames, 1 + vae.config.temporal_factor)  # the first chunk and one after it
+            vae.decode(torch.zeros(vae.config.latent_shape(frames, plan.height, plan.width), device=self.device))
 
     # -- stages ------------------------------------------------------------------------------------
 

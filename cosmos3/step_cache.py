@@ -29,20 +29,26 @@ SIGMA_EPS = 1e-6  # sigma is clamped into (0, 1) so neither the signal nor the n
 POWER_EPS = 1e-16  # keeps the prior finite at frequency 0 and the gain's denominator positive
 
 
-def sea_filter(latents: torch.Tensor, sigma: float, power_exp: float) -> torch.Tensor:
-    """The SEA-filtered latents ``[T, H, W, C]`` of ``latents [C, T, H, W]``, in their dtype (filtered in fp32)."""
-    x = latents.movedim(0, -1).contiguous().float()  # [T, H, W, C]
-    axes = (0, 1, 2)
+def sea_gain(grid: tuple[int, int, int], sigma: float, power_exp: float, device: torch.device) -> torch.Tensor:
+    """The SEA gain ``[T, H, W, 1]`` over the 3-D frequencies of a ``(T, H, W)`` grid at ``sigma``, normalised to unit
+    mean where the mean is finite and positive. Device ops only: no host read, so a job builds every step's gain
+    at its first decision and no later step waits on the device for it."""
     sigma = min(max(sigma, SIGMA_EPS), 1.0 - SIGMA_EPS)
     signal, noise = 1.0 - sigma, sigma
-    gain = torch.ones((), device=x.device)
-    for axis in axes:
-        prior = 1.0 / (torch.fft.fftfreq(x.shape[axis], device=x.device).abs().pow(power_exp) + POWER_EPS)
+    gain = torch.ones((), device=device)
+    for axis, size in enumerate(grid):
+        prior = 1.0 / (torch.fft.fftfreq(size, device=device).abs().pow(power_exp) + POWER_EPS)
         axis_gain = signal * prior / (signal**2 * prior + noise**2 + POWER_EPS)
-        gain = gain * axis_gain.reshape([-1 if a == axis else 1 for a in range(x.ndim)])
+        gain = gain * axis_gain.reshape([-1 if a == axis else 1 for a in range(len(grid) + 1)])
     mean = gain.mean()  # unit mean: distances compare across steps of different sigma
-    if torch.isfinite(mean) and mean > 0:
-        gain = gain / mean
+    return torch.where(torch.isfinite(mean) & (mean > 0), gain / mean, gain)
+
+
+def sea_filter(latents: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """The SEA-filtered latents ``[T, H, W, C]`` of ``latents [C, T, H, W]`` under ``gain`` (``sea_gain`` of their
+    grid), in their dtype (filtered in fp32)."""
+    x = latents.movedim(0, -1).contiguous().float()  # [T, H, W, C]
+    axes = (0, 1, 2)
     return torch.fft.ifftn(torch.fft.fftn(x, dim=axes) * gain, dim=axes).real.to(latents.dtype)
 
 
@@ -65,6 +71,7 @@ class StepCache:
         self.forced = forced
         self.computed: list[bool] = []  # per step so far: computed (True) or cached
         self._step = -1
+        self._gains: list[torch.Tensor] | None = None  # per step, [T, H, W, 1], built at the first decision
         self._previous: torch.Tensor | None = None  # the last step's indicator
         self._accumulated = 0.0
         self._consecutive = 0  # cached steps since the last computed one
@@ -76,7 +83,10 @@ class StepCache:
         s, n = self.settings, len(self.sigmas)
         for branch in set(self._history) - set(branches):
             del self._history[branch]  # a branch that skipped a step restarts its trajectory
-        indicator = sea_filter(latents, self.sigmas[step], s.power_exp)
+        if self._gains is None:
+            self._gains = [sea_gain(tuple(latents.shape[1:]), sigma, s.power_exp, latents.device)
+                           for sigma in self.sigmas]
+        indicator = sea_filter(latents, self._gains[step])
         forced = (step < s.retention_steps or step >= n - s.end_steps or step in self.forced
                   or self._previous is None or (s.max_consecutive and self._consecutive >= s.max_consecutive))
         candidate = 0.0

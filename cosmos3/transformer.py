@@ -239,7 +239,7 @@ class Cosmos3Transformer(nn.Module):
 
         Without ``und_cache`` the UND tower is recomputed from ``input_ids`` (equal results). With
         ``stack_residual`` ``[N_gen, H]`` the decoder stack does not run: its output is its input plus that
-        residual (a step cache's cached step; eager, a few small kernels).
+        residual (a step cache's cached step: ``cached_gen``, replayed from a graph where GEN passes are).
         """
         if und_cache is None:
             und_cache = self.encode_text(input_ids)
@@ -252,8 +252,9 @@ class Cosmos3Transformer(nn.Module):
             sound_latents = sound_latents.to(self.device, self.dtype)
         step_t = self._timestep_tensor(timestep)
         if stack_residual is not None:
-            x = self._embed(layout, latents, step_t, sound_latents)
-            return self._read(layout, x + stack_residual, sound_latents is not None)
+            if self.cuda_graphs is not None:
+                return self.cuda_graphs.run_cached(layout, latents, step_t, stack_residual, sound_latents)
+            return self.cached_gen(layout, latents, step_t, stack_residual, sound_latents)
         if self.cuda_graphs is not None:
             return self.cuda_graphs.run(layout, latents, step_t, und_cache, sound_latents)
         return self.gen(layout, latents, step_t, und_cache, sound_latents)
@@ -295,6 +296,13 @@ class Cosmos3Transformer(nn.Module):
         cos, sin = self.rotary_emb(torch.cat(positions, dim=1), self.dtype)  # [N_gen, hd] each
         noisy = torch.tensor([i for i in range(t) if i not in cond], dtype=torch.long, device=self.device)
         return GenLayout(key, latent_shape, grid, noisy, cos, sin)
+
+    def cached_gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, residual: torch.Tensor,
+                   sound_latents: torch.Tensor | None = None) -> GenOutput:
+        """A step cache's cached pass: the GEN stream's embedding, the decoder stack's stand-in ``residual``
+        ``[N_gen, H]`` added, the readout. Device tensors only (no host reads: CUDA-graph capturable)."""
+        x = self._embed(layout, latents, step_t, sound_latents)  # [N_gen, H]
+        return self._read(layout, x + residual, sound_latents is not None)
 
     def gen(self, layout: GenLayout, latents: torch.Tensor, step_t: torch.Tensor, und_cache: UndCache,
             sound_latents: torch.Tensor | None = None) -> GenOutput:

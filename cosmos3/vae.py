@@ -5,6 +5,12 @@ The transformer sees *normalised* latents, ``(mu - latents_mean) / latents_std``
 The Wan VAE is causal in time: latent frame ``k`` depends only on pixel frames ``<= 4k`` and decoded
 pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only conditioning frames.
 
+On CUDA the decode runs fastvae's fused, temporally chunked Wan decoder where the ``fast-vae`` extra is installed
+(https://github.com/Occipital-Labs/fastvae, MIT; Triton norm+SiLU kernels, channels-last convolutions, the causal
+cache carried from chunk to chunk, so chunking changes no output): a 720p/189-frame clip in 5.42 s against diffusers'
+9.96 s on the H100, PSNR 51.1 dB against diffusers' frames (benchmarks/results/h100-vae-decode.md). Elsewhere, and
+for the encode, diffusers' model runs.
+
 ``VAEBuild`` builds one in a thread (``cosmos3.background_build``), so a pipeline can be ready before diffusers'
 import (5-6 s on the CPU machine, 12-17 s on the H200 host: benchmarks/results/h200-render.md) and the weights
 are; what can be checked without diffusers is checked first, in the caller (``check_vae_dir``).
@@ -21,11 +27,21 @@ from cosmos3.errors import CheckpointError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS, check_vae_dir
 from cosmos3.rules.config import VAEConfig
+from cosmos3.rules.memory_plan import UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE
 
-# An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
-# in bf16 on the H200 (benchmarks/results/h200-render.md): ~138 and ~68 bytes per output pixel; per
-# byte of the VAE's dtype, rounded up.
-UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE = 38
+# Latent frames per chunk of fastvae's decode. On the H100 its peak above the weights was 15.1 GiB at 2 and 25.6 at
+# 4 (diffusers' untiled decode: 11.1), at the same 5.4 s: the decode is bandwidth-bound past a frame or two, and one
+# frame a chunk keeps the peak under diffusers' (~9.9 GiB by the two measured points; h100-vae-decode.md).
+DECODE_CHUNK_FRAMES = 1
+
+
+def _fast_decoder(vae):
+    """fastvae's decoder for ``vae`` (on its device), or None where the ``fast-vae`` extra is not installed."""
+    try:
+        from fastvae import FastVAEDecoder
+    except ImportError:
+        return None
+    return FastVAEDecoder.from_vae(vae)
 
 
 class WanVAE:
@@ -39,6 +55,7 @@ class WanVAE:
         self.inv_std = 1.0 / torch.tensor(config.latents_std, dtype=param.dtype, device=param.device).view(-1, 1, 1, 1)
         self.force_tiling: bool | None = None  # None: decide by free memory; True / False: always / never tile
         self.last_decode_tiled: bool | None = None
+        self._fast = None  # fastvae's decoder, on CUDA (``to``); diffusers' decoder weights are then dropped
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -73,9 +90,15 @@ class WanVAE:
         return self.mean.dtype
 
     def to(self, device: torch.device) -> WanVAE:
-        """Moves the model and its latent statistics to ``device`` (in place)."""
+        """Moves the model and its latent statistics to ``device`` (in place). On CUDA the decode becomes fastvae's
+        where it is installed: its decoder takes channels-last copies of the weights, and diffusers' decoder, which
+        nothing calls then, gives its own back."""
         self.vae.to(device)
         self.mean, self.inv_std = self.mean.to(device), self.inv_std.to(device)
+        if torch.device(device).type == "cuda" and self._fast is None:
+            self._fast = _fast_decoder(self.vae)
+            if self._fast is not None:
+                self.vae.decoder = None
         return self
 
     def encode(self, video: torch.Tensor) -> torch.Tensor:
@@ -87,6 +110,9 @@ class WanVAE:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents ``[C, T', H', W']`` -> pixels ``[3, T, H, W]`` in ``[-1, 1]``."""
         z = latents.to(self.dtype) / self.inv_std + self.mean
+        if self._fast is not None:  # chunks of DECODE_CHUNK_FRAMES, never spatial tiles
+            self.last_decode_tiled = False
+            return self._fast.decode(z.unsqueeze(0), chunk_frames=DECODE_CHUNK_FRAMES)[0]
         _, t, h, w = latents.shape
         pixels = ((t - 1) * self.config.temporal_factor + 1) * h * w * self.config.spatial_factor**2
         tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * self.dtype.itemsize)

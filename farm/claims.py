@@ -230,7 +230,7 @@ def _records_files(root: Path, folder: Path) -> tuple[list[tuple[Path, str]], di
     record, claims_problem = storage.read_record(folder / CLAIMS_FILE)
     files = record.get("files") if record is not None else None
     if isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        return [(root / rel, key) for rel, key in files.items()], _manifest_entry(record)
+        return [(Path(os.path.normpath(root / rel)), key) for rel, key in files.items()], _manifest_entry(record)
     claims_problem = claims_problem or (f"{folder / CLAIMS_FILE} " + (
         "is missing" if record is None else "is not a claims record (no mapping of files)"))
     state = storage.read_state(root, folder.name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm import claims, lease, storage, terminal
+from farm import claims, lease, memory, storage, terminal
 from farm import manifest as manifests
 from farm.errors import FarmError, ManifestError, StateError
 from farm.events import configure_logging
@@ -96,18 +96,29 @@ def do_validate(args: argparse.Namespace) -> Result:
 @print_result
 def do_plan(args: argparse.Namespace) -> Result:
     m = _load(args.manifest)
-    rows = [_plan_row(m, job) for job in sorted(m.jobs, key=lambda j: (-j.priority, j.order))]
+    gpu = None if args.gpu_memory is None else int(args.gpu_memory * memory.GIB)
+    planned = memory.plan_manifest(m, gpu)
+    rows = [_plan_row(m, job, planned.jobs[job.key]) for job in sorted(m.jobs, key=lambda j: (-j.priority, j.order))]
     todo = sum(row["state"] == "todo" for row in rows)
     header = f"{m.name}: {len(rows)} renders, {todo} to do, {len(rows) - todo} done; model {m.model.checkpoint}"
-    return Result(True, "\n".join([header, _table(rows)]), {"manifest": m.path, "jobs": rows})
+    key, largest = planned.largest()
+    lines = [header, f"GPU memory: {planned.model.resident / memory.GIB:.1f} GiB resident; the largest job, {key}, "
+                     f"needs {largest.describe()}", _table(rows)]
+    over = [] if gpu is None else planned.over(gpu)
+    if over:
+        lines.append(f"{len(over)} job(s) need more than --gpu-memory {args.gpu_memory:g} GiB: "
+                     f"{', '.join(k for k, _ in over)}")
+    return Result(not over, "\n".join(lines), {"manifest": m.path, "jobs": rows,
+                                               "resident_gib": round(planned.model.resident / memory.GIB, 2)})
 
 
-def _plan_row(m: manifests.Manifest, job: Job) -> dict[str, Any]:
+def _plan_row(m: manifests.Manifest, job: Job, planned: memory.JobMemory) -> dict[str, Any]:
     r = job.request
     return {
         "key": job.key, "task": r.task, "size": f"{r.width}x{r.height}", "frames": r.frames,
         "steps": r.steps, "seed": r.seed, "priority": job.priority,
         "state": "done" if storage.is_done(job) else "todo",
+        "gpu_gib": round(planned.need / memory.GIB, 1),
         "output": str(Path(job.media).relative_to(m.output_root)),
     }
 
@@ -149,6 +160,9 @@ def do_retry(args: argparse.Namespace) -> Result:
 
 
 def _run(m: manifests.Manifest, args: argparse.Namespace, only: frozenset[str] | None) -> Result:
+    if args.gpu_memory is not None:  # the GPUs are known: a job none of them holds is refused before anything starts
+        memory.refuse_unplaceable(memory.plan_manifest(m, gpu_memory=0), int(args.gpu_memory * memory.GIB),
+                                  f"--gpu-memory {args.gpu_memory:g}")
     from farm import driver  # imports Ray (~1 s): only the commands that render pay for it
 
     options = driver.SubmitOptions(
@@ -253,6 +267,11 @@ def _factory(spec: str) -> Any:
         raise argparse.ArgumentTypeError(f"cannot import pipeline factory {spec!r}: {err}") from err
 
 
+GPU_MEMORY = {"type": float, "metavar": "GIB",
+              "help": "each GPU's memory in GiB (nvidia-smi's memory.total / 1024): jobs that need more are refused "
+                      "before anything starts (a cluster's nodes can say it themselves: docs/farm.md, 'GPU memory')"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--output", choices=("text", "json"), default="text", help="result format on stdout")
@@ -265,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, parents=[common], help=help_)
         sub.add_argument("manifest")
         sub.set_defaults(func=do)
+        if name == "plan":
+            sub.add_argument("--gpu-memory", **GPU_MEMORY)
 
     for name, do, help_ in (("submit", do_submit, "render every job that is not done"),
                             ("retry", do_retry, "render again the jobs the last runs left failed")):
@@ -290,6 +311,7 @@ def _add_run_options(sub: argparse.ArgumentParser) -> None:
                            "whatever GPUs it has now (Ray's autoscaler adds nodes for them); idle workers stop "
                            "once no job is left, so the autoscaler can remove their nodes")
     sub.add_argument("--accelerator-type", help="only use GPUs of this type, e.g. B200 or H200")
+    sub.add_argument("--gpu-memory", **GPU_MEMORY)
     sub.add_argument("--force", action="store_true", help="render jobs that are already done")
     sub.add_argument("--pipeline", type=_factory, default="worker.actor:cosmos3_factory", metavar="MODULE:FUNC",
                      help="pipeline factory (worker.fake:factory renders flat colours without a model)")

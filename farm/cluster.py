@@ -29,9 +29,11 @@ try:  # Ray's token lookup; there is no public API for it
 except ImportError:  # a Ray without token authentication
     authentication_token_setup = None
 
+from farm import memory as farm_memory
 from farm import terminal
 from farm.errors import ClusterError
 from farm.job import ModelSpec
+from farm.memory import CLASS_SLIVER
 from farm.scheduler import Capacity, Launch
 from worker.actor import PipelineFactory, RenderWorker
 
@@ -50,6 +52,13 @@ class WorkerPlan:
     num_gpus: int  # 1 per GPU worker, 0 for CPU workers
     num_cpus: float
     accelerator_type: str | None
+    # GPU memory classes (farm.memory) the workers go to, smallest first, each with its GPUs; empty: any GPU
+    classes: tuple[tuple[str, int], ...] = ()
+
+    def class_of(self, slot: int) -> str | None:
+        """The memory class of a slot's worker: the smallest classes' GPUs fill first."""
+        order = [name for name, gpus in self.classes for _ in range(gpus)]
+        return order[slot % len(order)] if order else None
 
 
 def connect(address: str | None) -> Connection:
@@ -189,35 +198,45 @@ def disconnect(connection: Connection) -> None:
         shutil.rmtree(connection.temp_dir, ignore_errors=True)
 
 
-def _gpus(accelerator_type: str | None) -> int:
-    """GPUs on alive nodes, only those of `accelerator_type` when given (Ray's `accelerator_type:<T>` resource)."""
+def _gpus(accelerator_type: str | None, classes: tuple[tuple[str, int], ...] = ()) -> int:
+    """GPUs on alive nodes, only those of `accelerator_type` when given (Ray's `accelerator_type:<T>` resource) and
+    of one of the memory `classes` when given (farm.memory)."""
     total = 0
     for node in ray.nodes():
         resources = node.get("Resources", {})
-        if node.get("Alive") and (accelerator_type is None or f"accelerator_type:{accelerator_type}" in resources):
+        if not node.get("Alive") or (accelerator_type and f"accelerator_type:{accelerator_type}" not in resources):
+            continue
+        if not classes or any(name in resources for name, _ in classes):
             total += int(resources.get("GPU", 0))
     return total
 
 
+def memory_classes() -> dict[int, int]:
+    """The GPU memory classes of the cluster's alive nodes (farm.memory): GiB -> GPUs; empty where none is named."""
+    return farm_memory.memory_classes(ray.nodes())
+
+
 def plan_workers(workers: int | None, accelerator_type: str | None, max_workers: int | None = None, *,
-                 jobs: int) -> WorkerPlan:
+                 jobs: int, classes: dict[str, int] | None = None) -> WorkerPlan:
     """One worker per GPU (at most `workers`); `workers` CPU workers (default 1) on a cluster without GPUs, each
     with a whole CPU at least. With `max_workers`, GPU workers for min(`jobs`, `max_workers`) whatever GPUs the
     cluster has now: the workers still waiting for a GPU are the demand Ray's autoscaler adds nodes for. Never
     more workers than `jobs` (more would render nothing), and a count the cluster cannot hold is refused here,
-    before the driver makes a slot for any.
+    before the driver makes a slot for any. `classes`: the GPU memory classes whose GPUs hold the manifest's jobs
+    (`farm.memory.eligible_classes`); only their GPUs count and workers go only there.
 
     # Raises: ClusterError when asked for a GPU type, GPU count or CPU count the cluster does not have.
     """
+    placed = tuple((classes or {}).items())
     if max_workers:
-        return WorkerPlan(min(jobs, max_workers), 1, 1, accelerator_type)
-    gpus = _gpus(accelerator_type)
+        return WorkerPlan(min(jobs, max_workers), 1, 1, accelerator_type, placed)
+    gpus = _gpus(accelerator_type, placed)
     if accelerator_type and not gpus:
         raise ClusterError(f"no {accelerator_type} GPUs in the cluster (--accelerator-type {accelerator_type})")
     if gpus:
         if workers and workers > gpus:
             raise ClusterError(f"--workers {workers:,} asks for more GPU workers than the cluster's {gpus} GPUs")
-        return WorkerPlan(min(workers or gpus, jobs), 1, 1, accelerator_type)
+        return WorkerPlan(min(workers or gpus, jobs), 1, 1, accelerator_type, placed)
     cores = int(ray.cluster_resources().get("CPU", 1))
     if workers and workers > max(cores, 1):
         raise ClusterError(f"--workers {workers:,} asks for more CPU workers than the cluster's {cores} CPUs (each "
@@ -232,7 +251,7 @@ def capacity(plan: WorkerPlan, workers: int | None, max_workers: int | None) -> 
     None (a fixed pool) for CPU workers and when `workers` or `max_workers` sizes the pool."""
     if not plan.num_gpus or workers or max_workers:
         return None
-    return functools.partial(_gpus, plan.accelerator_type)
+    return functools.partial(_gpus, plan.accelerator_type, plan.classes)
 
 
 def launcher(plan: WorkerPlan, model: ModelSpec, factory: PipelineFactory, origin: dict) -> Launch:
@@ -247,9 +266,11 @@ def launcher(plan: WorkerPlan, model: ModelSpec, factory: PipelineFactory, origi
     }
     if plan.accelerator_type:
         options["accelerator_type"] = plan.accelerator_type
-    actor_class = ray.remote(RenderWorker).options(**options)
+    actor_class = ray.remote(RenderWorker)
 
     def launch(slot: int) -> Any:
-        return actor_class.remote(model, factory, origin, slot)
+        memory_class = plan.class_of(slot)  # a sliver of it, as `accelerator_type` asks of its resource
+        placed = options if memory_class is None else {**options, "resources": {memory_class: CLASS_SLIVER}}
+        return actor_class.options(**placed).remote(model, factory, origin, slot)
 
     return launch

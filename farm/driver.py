@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from farm import claims, cluster, cluster_lock, lease, storage
+from farm import claims, cluster, cluster_lock, lease, memory, storage
 from farm.errors import FarmError, StorageFault
 from farm.events import RunLog
 from farm.job import JobState
@@ -167,14 +167,23 @@ def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunR
     log = RunLog(storage.events_path(manifest.output_root, manifest.name), report.run_id, len(todo),
                  progress=options.progress)
     try:
-        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo))
+        # Planned before a worker starts: a job no GPU memory class of the cluster holds is refused here, workers go
+        # only where their manifest's largest job fits, and each checks its own GPU before it loads anything.
+        least = memory.plan_manifest(manifest, gpu_memory=0)
+        classes = cluster.memory_classes()
+        eligible = memory.eligible_classes(least, classes) if classes else None
+        model = memory.with_plan(manifest, least).model
+        plan = cluster.plan_workers(options.workers, options.accelerator_type, options.max_workers, jobs=len(todo),
+                                    classes=eligible)
         origin = {"run": report.run_id, "path": manifest.path, "sha256": manifest.sha256, "name": manifest.name,
                   "root": manifest.output_root}
         settings = Settings(options.init_failure_budget, options.start_timeout,
                             release_idle=options.max_workers is not None)
         log.emit("run_started", manifest=manifest.path, jobs=len(todo), skipped=len(report.skipped),
-                 workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type)
-        scheduler = Scheduler(todo, cluster.launcher(plan, manifest.model, options.factory, origin), plan.count,
+                 workers=plan.count, gpus_per_worker=plan.num_gpus, accelerator_type=plan.accelerator_type,
+                 gpu_memory_need_gib=round(model.memory.need / memory.GIB, 1), gpu_memory_job=model.memory.job,
+                 gpu_memory_classes=[name for name, _ in plan.classes])
+        scheduler = Scheduler(todo, cluster.launcher(plan, model, options.factory, origin), plan.count,
                               settings, log, RunMetrics(manifest.name, len(todo)),
                               cluster.capacity(plan, options.workers, options.max_workers))
         report.outcomes = scheduler.run()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -33,13 +33,27 @@ class JobState(str, Enum):
 
 
 @dataclass(frozen=True)
+class PlannedMemory:
+    """The GPU memory the manifest's largest job needs (`cosmos3.rules.memory_plan`), which a worker checks its GPU
+    against before it loads anything."""
+
+    need: int  # bytes, with the VAE decode tiled where that needs less
+    job: str  # the job's key
+    detail: str  # cosmos3.rules.memory_plan.JobMemory.describe()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What every worker loads, once."""
 
     checkpoint: str  # absolute path of the checkpoint root
     options: LoadOptions  # cosmos3's load options: Cosmos3Pipeline.from_pretrained(checkpoint, **asdict(options))
     static_fp8: bool
-    fingerprint: str  # farm.fingerprint.checkpoint(): the content of every file the loader reads
+    fingerprint: str  # cosmos3.rules.checkpoint_identity.fingerprint(): the content of every file the loader reads
+    # the version of each file the fingerprint hashed (relative path -> {"key", "sha256"}): a worker that finds the same
+    # versions hashes none of them again, and one that finds others hashes them and refuses another checkpoint
+    files: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+    memory: PlannedMemory | None = None  # set by the driver (farm.memory) before it starts workers
 
 
 @dataclass(frozen=True)

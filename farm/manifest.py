@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from cosmos3.errors import CheckpointError, ConfigError, FieldProblem
-from cosmos3.rules import checkpoint_header, load_options
+from cosmos3.rules import checkpoint_header, checkpoint_identity, load_options
 from cosmos3.rules import request as requests
 from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
 from cosmos3.rules.load_options import LoadOptions
 from cosmos3.rules.request import RenderRequest, RequestRules, shown
 from cosmos3.rules.values import yaml_off
-from farm import document, fields, fingerprint, storage, terminal
+from farm import document, fields, storage, terminal
 from farm import template as templates
 from farm.document import Document, Path_, format_path
 from farm.errors import ManifestError, OutputPathError, Problem, StorageFault
@@ -182,7 +182,12 @@ class _Resolver:
         found = load_options.problems(config, options)
         for problem in found:
             self.field_error(("model", *problem[0].split(".")), problem)
-        spec = ModelSpec(str(root), options, uses_static_fp8(config), fingerprint.checkpoint(root))
+        try:
+            measured = checkpoint_identity.fingerprint(root)
+        except CheckpointError as err:
+            self.error(("model", "checkpoint"), str(err))
+            return _Model(None, rules)
+        spec = ModelSpec(str(root), options, uses_static_fp8(config), measured.sha256, measured.files)
         return _Model(None if found else spec, rules)
 
     def _checkpoint(self, raw: dict) -> tuple[Path, Cosmos3Config, RequestRules] | None:
@@ -279,7 +284,7 @@ class _Resolver:
                 continue
             for seed, request in zip(sweep, requests_, strict=True):
                 job = self._job(job_id, len(jobs), seed, request, run, model.spec, name, root, template, outputs)
-                self._claim_media(job, where, owners, root)
+                self._claim_media(job, where, owners, root, Path(model.spec.checkpoint))
                 jobs.append(job)
         return jobs
 
@@ -293,12 +298,17 @@ class _Resolver:
             first_line[job_id] = self.doc.line((*where, "id"))
         return job_id
 
-    def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path) -> None:
+    def _claim_media(self, job: Job, where: Path_, owners: dict[str, str], root: Path, checkpoint: Path) -> None:
         folder = os.path.dirname(job.media)
         if folder not in self._fine_folders:  # every job's path, symlinks resolved (a folder found fine once)
             try:
-                templates.check_target(root, job.media, RECORDS_DIR)
-                self._fine_folders.add(folder)
+                real = templates.check_target(root, job.media, RECORDS_DIR)
+                if real.is_relative_to(checkpoint):  # a render there would change the model's files, or be lost
+                    self.error(where, f"output path: {real} is inside the checkpoint {checkpoint}; renders belong "
+                                      "outside the model's folder (change output.path, or move the checkpoint out "
+                                      "of output.root)")
+                else:
+                    self._fine_folders.add(folder)
             except OutputPathError as err:
                 self.error(where, f"output path: {err}")
         for path in job.files:

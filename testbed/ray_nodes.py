@@ -113,10 +113,10 @@ class RayNodes:
                                     f"--autoscaling-config={path}"],
                            {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"})
 
-    def add_node(self, name: str, *, gpus: int, cpus: int) -> Node:
-        """A worker node with `gpus` logical GPUs and a `node_tag_<name>` resource."""
+    def add_node(self, name: str, *, gpus: int, cpus: int, resources: dict | None = None) -> Node:
+        """A worker node with `gpus` logical GPUs, a `node_tag_<name>` resource and `resources`."""
         return self._start(name, [f"--address={self.address}", f"--num-gpus={gpus}", f"--num-cpus={cpus}",
-                                  f"--resources={json.dumps({f'node_tag_{name}': 1})}",
+                                  f"--resources={json.dumps({f'node_tag_{name}': 1, **(resources or {})})}",
                                   f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}"])
 
     def _start(self, name: str, args: list[str], env: dict | None = None) -> Node:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import resource
 import socket
 import sys
 import time
@@ -21,13 +22,14 @@ from typing import IO, Any, Protocol
 import ray
 import structlog
 
-from cosmos3.errors import BackgroundLoadError, SoundTokenizerLoadError
+from cosmos3.errors import BackgroundLoadError, CheckpointError, SoundTokenizerLoadError
+from cosmos3.rules import checkpoint_identity
 from cosmos3.rules.request import RenderRequest
 from farm import metrics, storage
 from farm.errors import JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
 from worker import bytecode, encode, gpu_telemetry
-from worker.gpu import check_assignment, configure_cuda_allocator, cuda_device_facts
+from worker.gpu import check_assignment, check_gpu_memory, configure_cuda_allocator, cuda_device_facts
 
 log = structlog.get_logger("farm.worker")
 
@@ -48,8 +50,9 @@ class Output(Protocol):
 # renderer's checkpoint read) is None, so sidecars of every worker have one shape. "vae" and "sound_tokenizer" are
 # their builds' own seconds, which on a cosmos3 worker run in the background, beside the rest and after ready()
 # (the sound tokenizer's is None on a silent checkpoint); "tokenizer" is the text tokenizer's own, beside the
-# transformer's load; "total" is the pipeline's load until it was ready, and the sidecar's "worker" the whole
-# start until ready().
+# transformer's load; "total" is the pipeline's load until it was ready; the sidecar's "warm_up" the renderer's
+# warm-up after it (the background builds waited for, the decoder's set-up), and "worker" the whole start until
+# ready(), the warm-up included.
 WORKER_START_FIELDS = ("ops", "tokenizer", "build", "attention_kernels", "checkpoint_read", "checkpoint_bytes",
                        "checkpoint_gb_per_s", "vae", "sound_tokenizer", "total")
 MEMORY_FIELDS = ("resident_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "stage_peak_allocated_bytes",
@@ -63,6 +66,9 @@ class Renderer(Protocol):
     device: str
     facts: dict  # where it renders, for the sidecar: GPU UUID, where the CUDA ops came from and how long they took
     load_timings: dict  # seconds (and bytes) per stage of loading the model, see WORKER_START_FIELDS
+
+    def warm_up(self) -> None:
+        """Pays at the worker's start what its first job would otherwise pay (builds, a GPU's set-up per size)."""
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
@@ -80,6 +86,9 @@ class _Cosmos3Renderer:
     @property
     def load_timings(self) -> dict:
         return self._pipeline.load_timings  # its "vae" is known once the background build has ended
+
+    def warm_up(self) -> None:
+        self._pipeline.warm_up()
 
     def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
         return self._pipeline(request, callback=callback)
@@ -126,6 +135,26 @@ def cosmos3_factory(model: ModelSpec, gpu: bool) -> Renderer:
     return _Cosmos3Renderer(pipeline, device, facts)
 
 
+def _measure(model: ModelSpec) -> checkpoint_identity.Fingerprint:
+    """The checkpoint's files as this worker finds them, hashing only versions the driver did not hash.
+
+    # Raises: WorkerStartError when they are not the checkpoint the driver fingerprinted, or cannot be read.
+    """
+    root = Path(model.checkpoint)
+    try:
+        found = checkpoint_identity.fingerprint(root, model.files)
+    except CheckpointError as err:
+        raise WorkerStartError(f"checkpoint {root}: {err}") from None
+    if found.sha256 != model.fingerprint:
+        differ = sorted(rel for rel in found.files.keys() | model.files.keys()
+                        if (found.files.get(rel) or {}).get("sha256") != (model.files.get(rel) or {}).get("sha256"))
+        raise WorkerStartError(
+            f"checkpoint {root} changed since farm submit fingerprinted it ({', '.join(differ[:5]) or 'its files'} "
+            f"differ): a render of these weights would be published as the other's; run farm submit again once the "
+            f"checkpoint is what you want rendered (renders of the old weights then count as not done)")
+    return found
+
+
 def _out_of_memory() -> tuple[type[BaseException], ...]:
     """Host and GPU out-of-memory errors; torch's only where this process imported it (a fake renderer does not)."""
     torch = sys.modules.get("torch")
@@ -170,7 +199,14 @@ class RenderWorker:
         check_assignment(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if gpus:
             configure_cuda_allocator()
+            check_gpu_memory(gpus[0], model.memory)  # before a byte of weights is read
+        self._model = model
+        self._loaded = _measure(model)  # before anything loads: the versions the renderer then reads
         self._renderer = factory(model, bool(gpus))
+        warm_up = time.perf_counter()
+        self._renderer.warm_up()  # ready() means warm: the first job pays no set-up a later one does not
+        self._warm_up_seconds = time.perf_counter() - warm_up
+        self._check_checkpoint()  # what the renderer read, its background builds included: they ended in warm_up
         self._gpu = self._renderer.device != "cpu"
         uuid = self._renderer.facts.get("gpu_uuid")
         self._telemetry = gpu_telemetry.open_device(uuid) if self._gpu and uuid else None
@@ -192,6 +228,20 @@ class RenderWorker:
     def ready(self) -> dict[str, Any]:
         """Answers once the pipeline is loaded: where this worker runs."""
         return self._identity
+
+    def _check_checkpoint(self) -> None:
+        """The checkpoint's files are still the versions measured before the load, or, touched, the same bytes: so
+        what this worker loaded is what the driver fingerprinted. Once loaded, the weights are in memory: a later
+        change of the files is no change of this worker's renders (a worker that starts after it refuses it).
+
+        # Raises: WorkerStartError naming the files that changed and the fix.
+        """
+        try:
+            same = not checkpoint_identity.changed(Path(self._model.checkpoint), self._loaded)
+        except CheckpointError:  # its index no longer lists its files: measured again, which names the problem
+            same = False
+        if not same:
+            self._loaded = _measure(self._model)
 
     def render(self, job: Job, attempt: int) -> dict[str, Any]:
         """Renders `job` and keeps its output for `publish`; returns as soon as the GPU is free for the next job."""
@@ -240,7 +290,8 @@ class RenderWorker:
             record = storage.sidecar_record(
                 job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
                 manifest=self._origin, worker=self._identity,
-                checkpoint=output.info.get("checkpoint"), precision=output.info.get("precision"),
+                checkpoint=checkpoint_identity.identity(self._model.checkpoint, self._model.fingerprint),
+                precision=output.info.get("precision"),
                 fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
                 attention=output.info.get("attention"), cache=output.info.get("cache"),
                 started=kept.started, finished=finished, **figures,
@@ -261,6 +312,9 @@ class RenderWorker:
         }
 
     def _worker_start(self) -> dict[str, Any]:
-        """The start's figures, read per job: the VAE's seconds arrive when its background build ends."""
+        """The start's figures, read per job: the VAE's seconds arrive when its background build ends. The host's
+        peak RSS of this process so far (Linux reports KiB) says whether a load held a second copy of the weights."""
         loaded = self._renderer.load_timings
-        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "worker": self._ready_seconds}
+        return {**{k: loaded.get(k) for k in WORKER_START_FIELDS}, "warm_up": self._warm_up_seconds,
+                "worker": self._ready_seconds,
+                "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

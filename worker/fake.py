@@ -51,6 +51,9 @@ class FakeRenderer:
         self.rules, self.seconds_per_step = rules, seconds_per_step
         self.facts = {}  # no GPU, no kernels
 
+    def warm_up(self) -> None:
+        pass  # it loads and sets up nothing
+
     def __call__(self, request: RenderRequest, callback) -> FakeOutput:
         plan = resolve(request, self.rules)  # raises PipelineError, as Cosmos3Pipeline does
         steps = []

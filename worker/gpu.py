@@ -13,7 +13,9 @@ from typing import Any
 
 import structlog
 
+from cosmos3.rules.memory_plan import GIB
 from farm.errors import WorkerConfigError
+from farm.job import PlannedMemory
 
 log = structlog.get_logger(__name__)
 
@@ -62,3 +64,32 @@ def cuda_device_facts() -> dict[str, Any]:
     facts = {"gpu_uuid": str(props.uuid), "gpu_name": props.name, "sm": 10 * props.major + props.minor}
     log.info("worker GPU", **facts)
     return facts
+
+
+def check_gpu_memory(gpu_id: str, planned: PlannedMemory | None) -> None:
+    """Refuses the GPU Ray assigned (`gpu_id`: its index or UUID) when it has less memory than the manifest's largest
+    job needs (`farm.memory`), before the worker reads a byte of its weights. Read through NVML, so neither torch nor
+    a CUDA context is needed yet. No plan (a pipeline built outside the farm) or no NVML (a test's logical GPU): no
+    check."""
+    if planned is None:
+        return
+    try:
+        import pynvml  # nvidia-ml-py, NVIDIA's own NVML binding
+
+        pynvml.nvmlInit()
+        handle = (pynvml.nvmlDeviceGetHandleByUUID(gpu_id) if gpu_id.startswith(("GPU-", "MIG-"))
+                  else pynvml.nvmlDeviceGetHandleByIndex(int(gpu_id)))
+        total, name = pynvml.nvmlDeviceGetMemoryInfo(handle).total, pynvml.nvmlDeviceGetName(handle)
+    except Exception as err:  # noqa: BLE001 - no NVML: the pipeline's allocation is the check
+        log.warning("gpu_memory_unknown", reason=f"{type(err).__name__}: {err}", need_gib=planned.need / GIB)
+        return
+    refuse_small_gpu(name if isinstance(name, str) else name.decode(), total, planned)
+
+
+def refuse_small_gpu(name: str, total: int, planned: PlannedMemory) -> None:
+    """# Raises: WorkerConfigError naming the GPU's memory, the need and the job when ``total`` bytes are too few."""
+    if total < planned.need:
+        raise WorkerConfigError(
+            f"this GPU ({name}, {total / GIB:.1f} GiB) cannot hold job {planned.job} of this manifest, which needs "
+            f"{planned.detail}; render it on a GPU with more memory (docs/farm.md, \"GPU memory\"), or lower the "
+            "job's size or frames")

@@ -23,15 +23,9 @@ from cosmos3.checkpoint.tensor_reader import PlannedRead, Stored, read_tensor
 from cosmos3.errors import CheckpointError
 from cosmos3.layers.linear import Linear
 from cosmos3.quant.fp8_static import MODELOPT_BUFFERS
-from cosmos3.rules.checkpoint_header import TensorHeader, normalize_key, read_tensors
+from cosmos3.rules.checkpoint_header import SKIPPED, TensorHeader, normalize_key, read_tensors
 
 __all__ = ["SKIPPED", "CheckpointFiles", "TensorDict", "load_checkpoint", "normalize_key"]
-
-# Present in published checkpoints, deliberately not loaded (generation never reads them).
-SKIPPED = {
-    "lm_head.weight": "the UND tower's LM head: generation never decodes text",
-    "norm.weight": "the UND tower's final norm: predictions are read from GEN outputs only",
-}
 
 # safetensors dtype tags of the tensors a Cosmos3 checkpoint holds.
 _DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}

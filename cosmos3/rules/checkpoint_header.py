@@ -20,11 +20,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules.checkpoint_files import open_file, read_json
 from cosmos3.rules.config import (
     SOUND_TOKENIZER_DIR,
     TEXT_TOKENIZER_DIR,
@@ -46,6 +48,12 @@ _ITEM_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2,
               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own cap on the JSON header
 
+# Present in published checkpoints, deliberately not loaded (generation never reads them).
+SKIPPED = {
+    "lm_head.weight": "the UND tower's LM head: generation never decodes text",
+    "norm.weight": "the UND tower's final norm: predictions are read from GEN outputs only",
+}
+
 
 @dataclass(frozen=True)
 class TensorHeader:
@@ -56,6 +64,10 @@ class TensorHeader:
     dtype: str  # safetensors tag: "BF16", "F8_E4M3", ...
     shape: tuple[int, ...]
     offset: int | None = None  # of its first data byte in the file; None in memory
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _ITEM_SIZE[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -95,7 +107,7 @@ def normalize_key(key: str) -> str:
 def transformer_dir(path: str | Path) -> Path:
     """Accept a checkpoint root (with ``transformer/``) or the transformer directory itself."""
     path = Path(path)
-    return path / "transformer" if (path / "transformer" / "config.json").is_file() else path
+    return path / "transformer" if (path / "transformer").is_dir() else path
 
 
 def inspect(path: str | Path) -> CheckpointFacts:
@@ -109,6 +121,31 @@ def inspect(path: str | Path) -> CheckpointFacts:
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"  # a diffusers model's single weights file
 # What a worker's pipeline loads, in the published layout (the sound tokenizer only where the transformer makes sound).
 COMPONENTS = ("model_index.json", "transformer", VAE_DIR, TEXT_TOKENIZER_DIR, "scheduler")
+
+
+# Read where the checkpoint has them: the sound tokenizer, and a distilled schedule's sigmas.
+_OPTIONAL = (SOUND_TOKENIZER_DIR, "modular_model_index.json")
+
+
+def listed_files(root: Path) -> list[Path]:
+    """Every file of the checkpoint at ``root``, in a fixed order: what the pipeline loads and the fingerprint
+    hashes (``cosmos3.rules.checkpoint_identity``). Each component's files (a file, or every file directly in its
+    folder, hidden ones aside), the optional ones where present, and every shard the transformer's index names, also
+    in a subfolder; nothing else under the folder (notes, renders) is part of the checkpoint.
+
+    Raises CheckpointError (an index naming shards outside ``transformer/`` or missing ones).
+    """
+    found: set[Path] = set()
+    for name in (*COMPONENTS, *_OPTIONAL):
+        path = root / name
+        if path.is_dir():
+            found |= {p for p in path.iterdir() if not p.name.startswith(".") and not p.is_dir()}
+        elif path.exists() or path.is_symlink():
+            found.add(path)
+    shards = index_shards(root / "transformer")
+    if shards is not None:
+        found |= {root / "transformer" / shard for shard in shards[1].values()}
+    return sorted(found)
 
 
 def check_layout(root: Path) -> None:
@@ -149,7 +186,7 @@ def check_diffusers_weights(path: Path, what: str) -> None:
     """A diffusers model folder's ``diffusion_pytorch_model.safetensors`` (``what`` it holds) is there and its
     header whole: a truncated or overwritten file fails here, torch-free, not in diffusers."""
     weights = path / DIFFUSERS_WEIGHTS
-    if not weights.is_file():
+    if not weights.exists():  # whatever stands there is opened as a regular file or refused by name
         raise CheckpointError(f"{path}: no {DIFFUSERS_WEIGHTS} ({what})")
     read_header(weights)
 
@@ -175,22 +212,10 @@ def read_tensors(directory: Path) -> dict[str, TensorHeader]:
 
 
 def _weight_map(directory: Path) -> dict[str, str]:
-    """Stored key -> shard file name."""
-    indexes = sorted(directory.glob("*.safetensors.index.json"))
-    if len(indexes) > 1:
-        raise CheckpointError(f"{directory}: several index files {[i.name for i in indexes]}; keep one")
-    if indexes:
-        try:
-            index = json.loads(indexes[0].read_text())
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CheckpointError(f"{indexes[0]}: not valid JSON ({err})") from None
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise CheckpointError(f"{indexes[0]}: no 'weight_map' object of tensor name -> shard file")
-        missing = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
-        if missing:
-            raise CheckpointError(f"{indexes[0]}: shard files listed but not present: {missing}")
-        return weight_map
+    """Stored key -> shard file (relative to ``directory``)."""
+    shards = index_shards(directory)
+    if shards is not None:
+        return shards[1]
     files = sorted(directory.glob("*.safetensors"))
     if len(files) != 1:
         raise CheckpointError(
@@ -200,6 +225,32 @@ def _weight_map(directory: Path) -> dict[str, str]:
     return {key: files[0].name for key in read_header(files[0])}
 
 
+def index_shards(directory: Path) -> tuple[Path, dict[str, str]] | None:
+    """The transformer's ``*.safetensors.index.json`` and its ``weight_map`` (stored key -> shard path relative to
+    ``directory``, a subfolder allowed); None when it has no index.
+
+    Raises CheckpointError: several indexes, no weight_map, a shard outside ``directory`` (``..``, an absolute path)
+    or not there.
+    """
+    indexes = sorted(directory.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise CheckpointError(f"{directory}: several index files {[i.name for i in indexes]}; keep one")
+    if not indexes:
+        return None
+    index = read_json(indexes[0], "missing")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{indexes[0]}: no 'weight_map' object of tensor name -> shard file")
+    outside = sorted({str(f) for f in map(PurePosixPath, weight_map.values()) if f.is_absolute() or ".." in f.parts})
+    if outside:
+        raise CheckpointError(f"{indexes[0]}: shard files outside {directory.name}/: {outside}; a checkpoint's shards "
+                              f"lie in its {directory.name}/ folder (re-export it)")
+    missing = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
+    if missing:
+        raise CheckpointError(f"{indexes[0]}: shard files listed but not present: {missing}")
+    return indexes[0], weight_map
+
+
 def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
     """Key -> (dtype tag, shape, offset of its data in the file) from a safetensors header, after checking it
     describes the whole file.
@@ -207,8 +258,12 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
     Layout: 8-byte little-endian header length N, N bytes of JSON, then the tensor data; every
     tensor's ``data_offsets`` lie in the data, and the last one ends where the file ends.
     """
-    size = path.stat().st_size
-    with path.open("rb") as f:
+    try:
+        f = open_file(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
         prefix = f.read(8)
         if len(prefix) < 8:
             raise CheckpointError(f"{path}: {size} bytes, too short for a safetensors header (truncated)")

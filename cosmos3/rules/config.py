@@ -8,7 +8,6 @@ without a GPU stack. Values we cannot run exactly are refused here, once, with t
 from __future__ import annotations
 
 import fnmatch
-import json
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmos3.errors import ConfigError
+from cosmos3.rules.checkpoint_files import read_json
 from cosmos3.rules.values import is_int, is_real
 
 
@@ -250,14 +250,9 @@ class SoundSupport:
 
 
 def _read_json(path: Path, missing: str) -> Any:
-    """The JSON value in ``path``; a ConfigError naming the file when it is absent (``missing`` says what it
-    is for) or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: {missing}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path}: not a readable JSON config ({err})") from None
+    """The JSON value in ``path``, read as a bounded regular file; a ConfigError naming the file when it is absent
+    (``missing`` says what it is for) or unreadable."""
+    return read_json(path, missing, ConfigError)
 
 
 def _positive_int(raw: dict, key: str, path: Path) -> int:

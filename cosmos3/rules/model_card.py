@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules.checkpoint_files import open_file
 
 MODEL_CARD = "README.md"
 IMAGE_ONLY_TAG = "text-to-image"
@@ -25,13 +26,11 @@ _CARD_LIMIT = 1 << 20  # a model card is a few kB; the front matter sits at its 
 def pipeline_tag(root: str | Path) -> str | None:
     """The ``pipeline_tag`` of ``<root>/README.md``'s front matter; None without a card, front matter or tag."""
     path = Path(root) / MODEL_CARD
-    if not path.is_file():  # also refuses a FIFO or a folder in its place: nothing blocks here
-        return None
     try:
-        with path.open("rb") as card:
+        with open_file(path) as card:  # a checkpoint's file: a FIFO or a device there is refused by name, never read
             text = card.read(_CARD_LIMIT).decode("utf-8", errors="replace")
-    except OSError as err:
-        raise CheckpointError(f"{path}: unreadable model card ({err})") from None
+    except FileNotFoundError:
+        return None
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         return None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules.checkpoint_files import read_bounded
 from cosmos3.rules.values import is_int
 
 # The typo "give" (for "given") is intentional: it is what the model was trained on.
@@ -58,7 +59,7 @@ def _append_sentence(text: str, sentence: str) -> str:
 
 def tokenizer_dir(path: str | Path) -> Path:
     path = Path(path)
-    if not (path / "tokenizer_config.json").is_file():
+    if not (path / "tokenizer_config.json").exists():  # whatever is there is read as a bounded regular file
         raise CheckpointError(f"{path}: no tokenizer_config.json (is this the checkpoint's text_tokenizer/ dir?)")
     return path
 
@@ -98,8 +99,9 @@ class TextBudget:
 
         path = tokenizer_dir(path)
         try:
-            config = json.loads((path / "tokenizer_config.json").read_text())
-            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+            # bounded regular files: a FIFO or a link to /dev/zero is refused, never read
+            config = json.loads(read_bounded(path / "tokenizer_config.json"))
+            tokenizer = Tokenizer.from_str(read_bounded(path / "tokenizer.json").decode())
         except Exception as err:  # tokenizers raises its own Exception for a file it cannot parse
             raise tokenizer_not_loaded(path, err) from None
         stated = config.get("model_max_length") if isinstance(config, dict) else None

@@ -13,11 +13,11 @@ Two recipes exist, told apart by the scheduler config the checkpoint ships:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules.checkpoint_files import read_json
 
 UNIPC = "UniPCMultistepScheduler"
 FLOW_MATCH_EULER = "FlowMatchEulerDiscreteScheduler"
@@ -42,12 +42,7 @@ class SamplingRecipe:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing (the checkpoint needs it in the published layout)") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
+    return read_json(path, "missing (the checkpoint needs it in the published layout)")
 
 
 def _distilled_sigmas(config: dict, root: Path) -> tuple[float, ...] | None:

@@ -118,3 +118,21 @@ def test_an_image_only_build_renders_its_stills(roots, name):
                             steps=None if "4step" in name else 2)
     out = Cosmos3Pipeline.from_pretrained(roots[name])(request)
     assert out.frames.shape == (1, 32, 32, 3) and out.info["steps"] == (4 if "4step" in name else 2)
+
+
+# The jobs benchmarks/super_h200.sh asks of each build through bench_render's manifest.
+SCRIPT_RUNS = [("super", ["t2i", "t2i-seed2", "t2v"]), ("super", ["t2i", "t2i-seed2", "t2v-short"]),
+               ("super-t2i-4step", ["t2i-4step"]), ("super-i2v-4step", ["i2v-4step"])]
+
+
+@pytest.mark.parametrize("name,jobs", SCRIPT_RUNS)
+def test_the_super_scripts_manifests_validate_against_their_builds(roots, tmp_path, name, jobs):
+    from benchmarks.bench_render import workload_jobs, write_manifest
+    from farm import memory
+
+    loaded = manifest.load(write_manifest(tmp_path / "run", roots[name], name, workload_jobs(jobs)))
+    assert sorted(job.key for job in loaded.jobs) == sorted(jobs)
+    distilled = {job.key: job.request.steps for job in loaded.jobs if "4step" in job.key}
+    assert all(steps == 4 for steps in distilled.values())
+    planned = memory.plan_manifest(loaded)  # farm plan's figures for the script's manifests
+    assert set(planned.jobs) == set(jobs) and all(job.need > 0 for job in planned.jobs.values())

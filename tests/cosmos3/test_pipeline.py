@@ -26,9 +26,10 @@ from cosmos3 import pipeline
 from cosmos3.errors import CheckpointError, ConfigError, PipelineError, VAELoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
-from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
+from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from cosmos3.prompt_tokenizer import PromptTokenizer
 from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
+from cosmos3.rules.checkpoint_identity import fingerprint
 from cosmos3.rules.prompt import PromptSpec
 from cosmos3.vae import VAEBuild, WanVAE
 from tests.tiny_checkpoint import DISTILLED_SCHEDULER, make_tiny_checkpoint, mismatch_weights
@@ -492,18 +493,10 @@ def test_incomplete_checkpoint_is_refused_naming_what_is_missing(root, tmp_path)
         Cosmos3Pipeline.from_pretrained(broken)
 
 
-def test_checkpoint_identity_follows_config_and_index(root, pipe, tmp_path):
-    assert pipe(job("t2v")).info["checkpoint"] == checkpoint_identity(root)
-    assert checkpoint_identity(root)["path"] == str(root.resolve())
-    other = tmp_path / "other"
-    shutil.copytree(root / "transformer", other / "transformer")
-    config = other / "transformer" / "config.json"
-    config.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 3'))
-    assert checkpoint_identity(other)["sha256"] != checkpoint_identity(root)["sha256"]
-    index = next((other / "transformer").glob("*.index.json"))
-    config.write_text((root / "transformer" / "config.json").read_text())
-    index.write_text(index.read_text().replace("00002-of", "00003-of"))
-    assert checkpoint_identity(other)["sha256"] != checkpoint_identity(root)["sha256"]
+def test_the_checkpoint_identity_is_the_fingerprint_of_the_files_it_loads(root, pipe):
+    """One identity: what the farm's config hash holds is what every render's info (and sidecar) names."""
+    real = root.resolve()
+    assert pipe(job("t2v")).info["checkpoint"] == {"path": str(real), "fingerprint": fingerprint(real).sha256}
 
 
 # -- the VAE's load ---------------------------------------------------------------------------------
@@ -536,7 +529,7 @@ VISIBLE_BREAKAGES = [
     pytest.param(lambda vae: (vae / "config.json").unlink(), ConfigError, r"vae/config.json: missing",
                  id="no-config"),
     pytest.param(lambda vae: (vae / "config.json").write_text("{"), ConfigError,
-                 r"vae/config.json: not a readable JSON config", id="config-not-json"),
+                 r"vae/config.json: not valid JSON", id="config-not-json"),
     pytest.param(lambda vae: (vae / WEIGHTS).unlink(), CheckpointError,
                  rf"vae: no {WEIGHTS} \(the VAE's weights\)", id="no-weights"),
     pytest.param(lambda vae: (vae / WEIGHTS).write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!"),
@@ -574,6 +567,15 @@ def test_a_background_vae_is_built_after_from_pretrained_returns_and_waited_for_
     assert first.timings["vae_wait"] > 0 and background.load_timings["vae"] > 0
     np.testing.assert_array_equal(first.frames, pipe(job("i2v", seed=5)).frames)
     assert background(job("t2v")).timings["vae_wait"] == 0.0
+
+
+def test_a_warm_up_builds_the_background_vae_and_the_first_job_waits_for_nothing(root, pipe):
+    background = Cosmos3Pipeline.from_pretrained(root, vae_load="background")
+    background.warm_up()
+    assert background.load_timings["vae"] > 0  # built before any job asked
+    first = background(job("t2v", seed=3))
+    assert first.timings["vae_wait"] == 0.0
+    np.testing.assert_array_equal(first.frames, pipe(job("t2v", seed=3)).frames)
 
 
 def test_a_t2v_job_denoises_while_the_vae_builds_and_waits_only_at_its_decode(root, pipe, monkeypatch):

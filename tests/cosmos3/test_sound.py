@@ -218,7 +218,7 @@ def _break(folder, how: str) -> None:
 @pytest.mark.parametrize(
     "how,error,message",
     [
-        pytest.param("config-not-json", ConfigError, r"sound_tokenizer/config.json: not a readable JSON config",
+        pytest.param("config-not-json", ConfigError, r"sound_tokenizer/config.json: not valid JSON",
                      id="config-not-json"),
         pytest.param("config-missing", ConfigError, r"sound_tokenizer/config.json: missing", id="config-missing"),
         pytest.param("wrong-class", ConfigError,

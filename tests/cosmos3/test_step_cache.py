@@ -15,7 +15,7 @@ from cosmos3.errors import ConfigError
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from cosmos3.rules.cache_options import SeaCacheSettings, cache_problems, parse_cache
 from cosmos3.rules.step_precision import StepPolicy
-from cosmos3.step_cache import StepCache, sea_filter
+from cosmos3.step_cache import StepCache, sea_filter, sea_gain
 from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, rng_pixels
 from tests.tiny_checkpoint import make_tiny_checkpoint
 
@@ -200,7 +200,7 @@ def test_a_branch_that_skipped_a_step_computes_before_it_is_cached_again():
 
 def test_the_sea_filter_is_unit_mean_and_keeps_a_constant_field():
     latents = torch.full((2, 3, 4, 5), 0.7)
-    filtered = sea_filter(latents, 0.6, 3.0)
+    filtered = sea_filter(latents, sea_gain((3, 4, 5), 0.6, 3.0, latents.device))
     assert filtered.shape == (3, 4, 5, 2)
     # only frequency 0 is present: its gain over the mean gain scales the field uniformly
     assert torch.allclose(filtered, filtered[0, 0, 0, 0].expand_as(filtered))
@@ -284,12 +284,26 @@ def test_step_precision_edge_steps_are_always_computed(root):
 
 @pytest.mark.gpu
 def test_cuda_cached_render_with_graphs_equals_eager(root):
-    """A computed step replays its graph and hands the cache the graph's stack tensors; a cached step runs
-    eagerly: the same decisions and frames as an eager render."""
+    """A computed step replays its graph and hands the cache the graph's stack tensors; a cached step replays its
+    own graph: the same decisions and frames as an eager render."""
     cache = {"method": "seacache", "threshold": 0.25, "max_consecutive": 2}
     req = request("t2v")
     eager = Cosmos3Pipeline.from_pretrained(root, device="cuda", cuda_graphs=False, cache=cache)(req)
     graphed = Cosmos3Pipeline.from_pretrained(root, device="cuda", cache=cache)(req)
     assert graphed.info["cache"] == eager.info["cache"] and eager.info["cache"]["cached"]
     assert graphed.info["cuda_graphs"]["gen_captured"] > 0
+    assert graphed.info["cuda_graphs"]["gen_cached"] >= len(eager.info["cache"]["cached"])  # a pass a branch
     assert np.array_equal(graphed.frames, eager.frames)
+
+
+@pytest.mark.gpu
+def test_the_indicator_reads_nothing_back_to_the_host():
+    """Every step's gain is built on the device at the job's first decision, and filtering reads nothing back: the
+    one host read a cached step makes is its decision's distance."""
+    latents = torch.randn(48, 3, 16, 16, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        sea_filter(latents, sea_gain((3, 16, 16), 0.6, 3.0, latents.device))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -17,6 +17,18 @@ from farm import storage
 from testbed.farm_inputs import make_checkpoint, write_image, write_manifest, write_video  # noqa: F401 - for the tests
 
 
+def scale_one_tensor_in_place(shard: Path) -> None:
+    """Doubles the first bf16 value of a shard's data (1.0 -> 2.0), or halves it back: same size, same header, same
+    inode (a fine-tune written in place, and its rollback)."""
+    data = bytearray(shard.read_bytes())
+    start = 8 + int.from_bytes(data[:8], "little")  # safetensors: u64 header length, header, data
+    one, two = bytes.fromhex("803f"), bytes.fromhex("0040")  # bf16 1.0 and 2.0, little-endian
+    assert data[start:start + 2] in (one, two)
+    data[start:start + 2] = two if data[start:start + 2] == one else one
+    with open(shard, "r+b") as handle:
+        handle.write(data)
+
+
 def publish(job, *, run: str, attempt: int = 1, data: bytes = b"video bytes") -> None:
     """Publishes `job` the way a worker does, with made-up media bytes."""
     media = storage.publish(Path(job.media), lambda out: out.write(data))

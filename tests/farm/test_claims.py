@@ -177,6 +177,15 @@ def test_claims_damaged_or_deleted_are_read_from_the_state_and_still_refuse(tmp_
     assert storage.read_record(path)[0]["files"] == {"t2v/shot.mp4": "shot"}
 
 
+def test_claims_edited_to_spell_a_path_another_way_still_claim_it(tmp_path, capsys):
+    first = _submitted(tmp_path, [{"id": "shot", "prompt": "a harbour"}], "first", TEMPLATE, capsys)
+    second = write_manifest(tmp_path, [{"id": "shot", "prompt": "a desert"}], name="second", output=TEMPLATE)
+    claims.claims_path(tmp_path / "out", "first").write_text(
+        '{"format": 1, "files": {"elsewhere/../t2v/./shot.mp4": "shot"}}')
+    _refused(second, capsys, "t2v/shot.mp4 (job shot) is already written by job shot of manifest 'first'")
+    _untouched(first, "first")
+
+
 @pytest.mark.parametrize("state", ["deleted", "not JSON", "entries damaged"])
 def test_claims_and_state_both_unreadable_refuse_every_manifest_of_the_root_naming_the_files(tmp_path, capsys, state):
     """Nothing says which files the first writes, so no other manifest of its root may claim any, not even ones

@@ -1,5 +1,5 @@
-"""The checkpoint fingerprint inside every config hash: the content of what the loader reads, hashed once per file
-version (issue 49, defects 4 and 15)."""
+"""The checkpoint fingerprint inside every config hash and every sidecar: the content of what the loader reads,
+hashed once per file version."""
 
 from __future__ import annotations
 
@@ -8,99 +8,94 @@ from pathlib import Path
 
 import pytest
 
-from farm import fingerprint, manifest, storage
-from farm.errors import ManifestError, StorageFault
-from tests.farm.helpers import make_checkpoint, write_manifest
+from cosmos3.rules import checkpoint_identity
+from farm import manifest
+from farm.errors import ManifestError
+from tests.farm.helpers import make_checkpoint, scale_one_tensor_in_place, write_manifest
 
 SHARD = Path("transformer") / "diffusion_pytorch_model.safetensors"
+
+
+def _fingerprint(root: Path) -> str:
+    return checkpoint_identity.fingerprint(root).sha256
 
 
 @pytest.fixture
 def count_hashes(monkeypatch) -> list[str]:
     """The files whose bytes the fingerprint reads, in order."""
     read: list[str] = []
-    real = fingerprint._file_hash
+    real = checkpoint_identity._hash
 
-    def file_hash(path: Path) -> str:
-        read.append(path.name)
-        return real(path)
+    def file_hash(handle) -> str:
+        read.append(Path(handle.name).name)
+        return real(handle)
 
-    monkeypatch.setattr(fingerprint, "_file_hash", file_hash)
+    monkeypatch.setattr(checkpoint_identity, "_hash", file_hash)
     return read
-
-
-def _scale_one_tensor_in_place(shard: Path) -> None:
-    """Doubles the first bf16 value of the shard's data (1.0 -> 2.0): same size, same header."""
-    data = bytearray(shard.read_bytes())
-    start = 8 + int.from_bytes(data[:8], "little")  # safetensors: u64 header length, header, data
-    assert data[start:start + 2] == bytes.fromhex("803f")  # bf16 1.0
-    data[start:start + 2] = bytes.fromhex("0040")  # bf16 2.0
-    with open(shard, "r+b") as handle:  # in place: same inode and size
-        handle.write(data)
 
 
 def test_a_tensor_scaled_in_place_is_another_model(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    before = fingerprint.checkpoint(root)
+    before = _fingerprint(root)
     size = (root / SHARD).stat().st_size
-    _scale_one_tensor_in_place(root / SHARD)
+    scale_one_tensor_in_place(root / SHARD)
     assert (root / SHARD).stat().st_size == size
-    assert fingerprint.checkpoint(root) != before
+    assert _fingerprint(root) != before
 
 
 def test_the_same_files_elsewhere_are_the_same_model_and_configs_count(tmp_path):
     first, second = make_checkpoint(tmp_path / "a"), make_checkpoint(tmp_path / "b")
-    assert fingerprint.checkpoint(first) == fingerprint.checkpoint(second)
+    assert _fingerprint(first) == _fingerprint(second)
     make_checkpoint(second, static_fp8=True)
-    assert fingerprint.checkpoint(first) != fingerprint.checkpoint(second)
+    assert _fingerprint(first) != _fingerprint(second)
 
 
 def test_records_and_notes_under_the_checkpoint_folder_do_not_count(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    before = fingerprint.checkpoint(root)
+    before = _fingerprint(root)
     (root / "out" / ".farm" / "test").mkdir(parents=True)
     (root / "out" / ".farm" / "test" / "state.json").write_text("{}")
     (root / "out" / "clip.mp4.json").write_text("{}")
     (root / "notes.json").write_text('{"who": "me"}')
-    assert fingerprint.checkpoint(root) == before
+    assert _fingerprint(root) == before
 
 
 def test_weights_are_hashed_once_per_version_of_their_bytes(tmp_path, count_hashes):
     root = make_checkpoint(tmp_path / "ckpt")
-    fingerprint.checkpoint(root)
+    _fingerprint(root)
     assert SHARD.name in count_hashes
     count_hashes.clear()
-    fingerprint.checkpoint(root)
+    _fingerprint(root)
     assert count_hashes == []  # every file from the cache
-    _scale_one_tensor_in_place(root / SHARD)
-    fingerprint.checkpoint(root)
+    scale_one_tensor_in_place(root / SHARD)
+    _fingerprint(root)
     assert count_hashes == [SHARD.name]  # only the file that changed
 
 
 def test_a_checkpoint_that_cannot_be_written_caches_in_the_users_cache(tmp_path, monkeypatch, count_hashes):
     root = make_checkpoint(tmp_path / "ckpt")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    real = storage.write_json
+    real = checkpoint_identity.tempfile.mkstemp
 
-    def read_only(final: Path, data, root_=None):
-        if final.is_relative_to(root):
-            raise StorageFault(f"EROFS (Read-only file system) writing {final}")
-        return real(final, data, root_)
+    def read_only(dir, prefix):  # noqa: A002 (tempfile's own argument name)
+        if Path(dir).is_relative_to(root):
+            raise OSError(30, "Read-only file system")
+        return real(dir=dir, prefix=prefix)
 
-    monkeypatch.setattr(storage, "write_json", read_only)
-    first = fingerprint.checkpoint(root)
-    assert not (root / fingerprint.CACHE_FILE).exists()
+    monkeypatch.setattr(checkpoint_identity.tempfile, "mkstemp", read_only)
+    first = _fingerprint(root)
+    assert not (root / checkpoint_identity.CACHE_FILE).exists()
     assert len(list((tmp_path / "cache").rglob("*.json"))) == 1
     count_hashes.clear()
-    assert fingerprint.checkpoint(root) == first and count_hashes == []
+    assert _fingerprint(root) == first and count_hashes == []
 
 
 def test_a_damaged_cache_costs_only_a_rehash(tmp_path):
     root = make_checkpoint(tmp_path / "ckpt")
-    first = fingerprint.checkpoint(root)
-    (root / fingerprint.CACHE_FILE).write_text('{"format": 1, "files": [')
-    assert fingerprint.checkpoint(root) == first
-    assert json.loads((root / fingerprint.CACHE_FILE).read_text())["format"] == fingerprint.CACHE_FORMAT
+    first = _fingerprint(root)
+    (root / checkpoint_identity.CACHE_FILE).write_text('{"format": 1, "files": [')
+    assert _fingerprint(root) == first
+    assert json.loads((root / checkpoint_identity.CACHE_FILE).read_text())["format"] == checkpoint_identity.CACHE_FORMAT
 
 
 def test_an_output_root_inside_the_checkpoint_is_refused(tmp_path):

@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 from cosmos3.checkpoint.fp8_export import export_fp8
 from cosmos3.checkpoint.weights import SKIPPED
-from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest, checkpoint_identity
+from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from cosmos3.rules.checkpoint_header import DIFFUSERS_WEIGHTS as WEIGHTS
 from farm import driver, manifest, storage
 from farm.errors import ManifestError
@@ -136,7 +136,8 @@ def test_a_manifest_renders_end_to_end_with_the_real_pipeline(cluster, checkpoin
         else:  # the manifest's cache reached the worker; the sidecar says which steps it computed and cached
             assert {k: record["cache"][k] for k in cache} == cache
             assert sorted(record["cache"]["computed"] + record["cache"]["cached"]) == list(range(job.request.steps))
-        assert record["checkpoint"] == checkpoint_identity(Path(m.model.checkpoint))
+        # the checkpoint the config hash holds, not a second identity
+        assert record["checkpoint"] == {"path": m.model.checkpoint, "fingerprint": m.model.fingerprint}
         assert (record["step_policy"] is not None) is (precision == "fp8-static")
         request = job.request
         assert len(record["timings"]["steps"]) == request.steps

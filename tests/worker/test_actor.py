@@ -147,13 +147,20 @@ def test_a_gpu_worker_sets_its_cuda_allocator_before_the_pipeline_loads(cluster,
 
 
 class _VAEBuiltAfterReady(fake.FakeRenderer):
-    """Loads like a GPU worker's pipeline: its VAE's seconds are known only once the first job has waited for it."""
+    """Loads like a GPU worker's pipeline: its VAE's seconds are known only once the first job has waited for it.
+    It refuses to render before its warm-up has run."""
 
     def __init__(self, rules: RequestRules):
         super().__init__(rules, seconds_per_step=0.0)
         self.load_timings = {"total": 1.0, "vae": None}
+        self.warm = False
+
+    def warm_up(self):
+        self.warm = True
 
     def __call__(self, request, callback):
+        if not self.warm:
+            raise RuntimeError("rendered before its warm-up")
         self.load_timings = {"total": 1.0, "vae": 2.5}
         return super().__call__(request, callback)
 
@@ -162,7 +169,7 @@ def _renderer_with_a_background_vae(model, gpu: bool) -> _VAEBuiltAfterReady:
     return _VAEBuiltAfterReady(RequestRules.from_checkpoint(model.checkpoint))
 
 
-def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_path):
+def test_the_sidecar_reports_the_warm_up_and_the_vae_build_that_ended_after_ready(cluster, tmp_path):
     m = _manifest(tmp_path)
     worker = _worker(m, _renderer_with_a_background_vae)
     ray.get(worker.ready.remote())
@@ -170,6 +177,7 @@ def test_the_sidecar_reports_the_vae_build_that_ended_after_ready(cluster, tmp_p
     ray.kill(worker)
     start = json.loads(storage.sidecar_path(m.jobs[1].media).read_text())["worker_start"]
     assert (start["total"], start["vae"]) == (1.0, 2.5) and start["worker"] > 0
+    assert start["worker"] >= start["warm_up"] >= 0  # the render above ran after the warm-up: it refuses otherwise
 
 
 def test_a_vae_that_did_not_build_fails_the_job_as_the_workers_start(cluster, tmp_path):

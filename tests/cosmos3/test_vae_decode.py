@@ -1,0 +1,30 @@
+"""The VAE decode on CUDA: fastvae's, as ``WanVAE.decode`` calls it, against diffusers' on the same latents (a
+Wan 2.2 VAE's encoding of a synthetic video; random weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cosmos3.media import to_uint8_frames
+from cosmos3.vae import DECODE_CHUNK_FRAMES
+from testbed.wan_vae import WAN22_VAE, synthetic_video
+from toy import measure
+
+pytestmark = pytest.mark.gpu
+MIN_PSNR = 50.0  # dB against diffusers' frames; measured 51.1 at 720p (benchmarks/results/h100-vae-decode.md)
+
+
+@torch.no_grad()
+def test_fastvae_decodes_the_frames_diffusers_decodes():
+    fastvae = pytest.importorskip("fastvae")
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        vae = AutoencoderKLWan(**WAN22_VAE).to(torch.bfloat16).eval()
+    z = vae.encode(synthetic_video(17, 256, 256, "cuda").to(torch.bfloat16)).latent_dist.mode()  # [1, 48, 5, 16, 16]
+    reference = to_uint8_frames(vae.decode(z).sample[0])  # [17, 256, 256, 3]
+    ours = to_uint8_frames(fastvae.FastVAEDecoder.from_vae(vae).decode(z, chunk_frames=DECODE_CHUNK_FRAMES)[0])
+    assert ours.shape == reference.shape
+    assert measure.psnr(ours, reference) >= MIN_PSNR
