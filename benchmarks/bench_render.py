@@ -250,7 +250,8 @@ def _peak_decode(vae, latents, tiled: bool) -> dict:
     started = time.perf_counter()
     to_uint8_frames(vae.decode(latents))
     torch.cuda.synchronize()
-    return {"tiled": tiled, "dtype": str(vae.dtype).removeprefix("torch."),
+    # what ran: fastvae's decoder decodes in temporal chunks whatever tiling asks
+    return {"tiled": vae.last_decode_tiled, "decoder": vae.decoder, "dtype": str(vae.dtype).removeprefix("torch."),
             "seconds": time.perf_counter() - started, "resident_bytes": resident,
             "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
@@ -365,6 +366,7 @@ def job_table(job: str, record: dict) -> list[str]:
          f"{_s(start['checkpoint_gb_per_s'])} GB/s)"),
         ("worker start: VAE load s", _s(start["vae"])),
         ("worker start: sound tokenizer load s (background)", _s(start.get("sound_tokenizer"))),
+        ("worker start: warm-up s (the builds waited for, the decoder's set-up per size)", _s(start.get("warm_up"))),
         ("worker start: pipeline load s / whole worker start s", f"{_s(start['total'])} / {_s(start['worker'])}"),
         ("VAE wait s (for its and the sound tokenizer's background builds; 0 once built)", _s(t.get("vae_wait"), 3)),
         ("tokenize s", _s(t["tokenize"], 3)),
@@ -468,6 +470,18 @@ def _graph_note(record: dict) -> str:
             f"UND passes {g['und_replayed']} replayed / {g['und_captured']} captured / {g['und_eager']} eager")
 
 
+def clips_back_to_back(farm: dict) -> list[str]:
+    """The clip and its second seed (``--jobs t2v,t2v-seed2``), one worker: the first started to the last published,
+    and what that makes an hour."""
+    clips = [farm["sidecars"][job] for job in ("t2v", "t2v-seed2") if job in farm["sidecars"]]
+    if len(clips) < 2:
+        return []
+    span = max(record["finished"] for record in clips) - min(record["started"] for record in clips)
+    return ["### Two clips back to back (T2V 1280x720, 189 frames, 35 steps)", "", "| figure | value |", "|---|---|",
+            f"| first clip started to last one published | {span:.1f} s: {3600 * len(clips) / span:.1f} clips an hour "
+            "on one GPU |", ""]
+
+
 def stream_tables(farm: dict) -> list[str]:
     """The stream's stills (``--stills``): their denoising times, and which graphs they ran on."""
     stills = [record for job, record in farm["sidecars"].items() if job.startswith(STREAM_PREFIX)]
@@ -540,7 +554,8 @@ def direct_tables(r: dict) -> list[str]:
                      f"{_s(job['timings'].get('vae_wait'), 3)} / {job['timings']['und']:.3f} / {sum(steps):.3f} / "
                      f"{statistics.median(steps):.4f} |")
     for d in r["decodes"]:
-        lines.append(f"| T2V decode ({'tiled' if d['tiled'] else 'untiled'}, {d.get('dtype', 'float32')}): s / "
+        lines.append(f"| T2V decode ({d.get('decoder', 'diffusers')}, {'tiled' if d['tiled'] else 'untiled'}, "
+                     f"{d.get('dtype', 'float32')}): s / "
                      "resident / peak allocated / peak "
                      f"reserved GiB | {d['seconds']:.2f} / {_gib(d['resident_bytes'])} / "
                      f"{_gib(d['peak_allocated_bytes'])} / {_gib(d['peak_reserved_bytes'])} |")
@@ -639,7 +654,7 @@ def do_report(args) -> None:
             for job, record in r["sidecars"].items():
                 if not job.startswith(STREAM_PREFIX):
                     lines += job_table(job, record)
-            lines += stream_tables(r)
+            lines += clips_back_to_back(r) + stream_tables(r)
         elif r["kind"] == "direct":
             lines += direct_tables(r)
         else:

@@ -26,6 +26,9 @@ JOBS = {
                   "priority": 8},
     "t2v": {"id": "t2v", "task": "t2v", "size": [1280, 720], "frames": 189, "steps": 35, "guidance": 6.0,
             "priority": 5},
+    # The clip again with another seed: two clips back to back, the second rendered while the first publishes.
+    "t2v-seed2": {"id": "t2v-seed2", "task": "t2v", "size": [1280, 720], "frames": 189, "steps": 35, "guidance": 6.0,
+                  "seed": 2, "priority": 5},
     "i2v": {"id": "i2v", "task": "i2v", "image": "inputs/frame.png", "size": [1280, 720], "frames": 189,
             "steps": 35, "guidance": 6.0},
     # A short clip for the forced re-renders (33 frames, 10 steps: ~1/5 of the clip's tokens, a third of its steps).

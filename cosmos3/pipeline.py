@@ -256,20 +256,30 @@ class Cosmos3Pipeline:
 
     def warm_up(self) -> None:
         """Pays now what a worker's first job would pay for its decode: the VAE's and the sound tokenizer's builds
-        (their move to the device), and a decode of two latent frames at the default still's and the default clip's
-        sizes, where a GPU's decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the H100, and
-        ~5 s more at a clip's 720p the first time; h100-vae-decode.md). A build that failed is left to the jobs
-        that need it to report, as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
+        (their move to the device), and on a GPU a decode of two latent frames at the default still's and the
+        default clip's sizes, where the decoder sets itself up for a size (fastvae's Triton compile, ~8 s on the
+        H100, and ~5 s more at a clip's 720p the first time; h100-vae-decode.md; the CPU has no such set-up, and
+        a toy's 720p decode there takes seconds). A build that failed is left to the jobs that need it to report,
+        as without a warm-up (a failed sound tokenizer fails only jobs with sound)."""
         for build in self._decoders():
             try:
                 build.wait()
             except BackgroundLoadError:
                 return
-        vae = self.vae
-        for task in ("t2i", "t2v"):
+        if self.device.type != "cuda":
+            return
+        for shape in self.warm_up_shapes():
+            self.vae.decode(torch.zeros(shape, device=self.device))
+
+    def warm_up_shapes(self) -> list[tuple[int, int, int, int]]:
+        """The latents ``[C, T', H', W']`` the warm-up decodes: the default still's, and where the checkpoint renders
+        clips, two frames of the default clip's (its first chunk and one after it)."""
+        shapes = []
+        for task in [task for task in ("t2i", "t2v") if task in self.rules.tasks]:
             plan = resolve(RenderRequest(task=task, prompt="warm-up"), self.rules)
-            frames = min(plan.frames, 1 + vae.config.temporal_factor)  # the first chunk and one after it
-            vae.decode(torch.zeros(vae.config.latent_shape(frames, plan.height, plan.width), device=self.device))
+            frames = min(plan.frames, 1 + self._vae.config.temporal_factor)
+            shapes.append(self._vae.config.latent_shape(frames, plan.height, plan.width))
+        return shapes
 
     # -- stages ------------------------------------------------------------------------------------
 

@@ -86,6 +86,11 @@ class WanVAE:
         return cls(vae.eval(), config)
 
     @property
+    def decoder(self) -> str:
+        """Whose decoder runs: ``fastvae`` (CUDA, the ``fast-vae`` extra) or ``diffusers``."""
+        return "diffusers" if self._fast is None else "fastvae"
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.mean.dtype
 

@@ -59,8 +59,16 @@ def wanted(manifest) -> dict[str, str]:
     """Every file the manifest's jobs publish, where it is really written (its folders' symlinks resolved, as
     publishing follows them), relative to its root -> the job's key."""
     real_root = Path(manifest.output_root).resolve()
-    return {str(template.check_target(manifest.output_root, path, storage.RECORDS_DIR).relative_to(real_root)): job.key
-            for job in manifest.jobs for path in job.files}
+    folders: dict[str, str] = {}  # each folder's real path relative to the root, resolved once however many jobs
+    files = {}
+    for job in manifest.jobs:
+        for path in job.files:
+            folder, name = os.path.split(path)
+            if folder not in folders:
+                real = template.check_target(manifest.output_root, path, storage.RECORDS_DIR)
+                folders[folder] = str(real.parent.relative_to(real_root))
+            files[os.path.normpath(os.path.join(folders[folder], name))] = job.key
+    return files
 
 
 def check(manifest) -> None:
@@ -70,6 +78,7 @@ def check(manifest) -> None:
     # (another manifest's claims cannot be read), StorageFault (a records folder cannot be listed).
     """
     mine = _Mine(manifest)
+    _refuse_another_of_this_name(mine)
     _refuse_taken(mine, _roots(mine))
 
 
@@ -80,6 +89,7 @@ def claim(manifest) -> None:
     """
     mine = _Mine(manifest)
     roots = _roots(mine)
+    _refuse_another_of_this_name(mine)
     while True:
         with _locked(roots):
             found = _roots(mine)  # a root nested on the way may have appeared before its lock was taken
@@ -99,24 +109,36 @@ class _Mine:
 
     root: Path  # real
     name: str
+    path: str  # the manifest's file
     files: dict[str, str]  # relative file -> job key (what claims.json holds)
-    written: dict[Path, str]  # real path of each file and its sidecar -> job key
+    written: dict[str, str]  # real path of each file and its sidecar -> job key
 
     def __init__(self, manifest):
         self.root = Path(manifest.output_root).resolve()
         self.name = manifest.name
+        self.path = manifest.path
         self.files = wanted(manifest)
-        self.written = dict(_written((self.root / f, key) for f, key in self.files.items()))
+        self.written = dict(_written((os.path.join(self.root, f), key) for f, key in self.files.items()))
 
-    def shown(self, path: Path) -> str:
-        return str(path.relative_to(self.root)) if path.is_relative_to(self.root) else str(path)
+    def shown(self, path: str) -> str:
+        root = f"{self.root}{os.sep}"
+        return path[len(root):] if path.startswith(root) else path
 
 
-def _written(files: Iterable[tuple[Path, str]]) -> Iterator[tuple[Path, str]]:
+# Paths are compared as plain strings, real and normalised: 10,000 jobs' paths and their folders are hashed and
+# walked up many times, which pathlib's objects make several times slower.
+def _written(files: Iterable[tuple[str, str]]) -> Iterator[tuple[str, str]]:
     """Each file with its owner, and the sidecar `publish` writes beside it."""
     for path, owner in files:
         yield path, owner
-        yield storage.sidecar_path(path), owner
+        yield f"{path}.json", owner  # storage.sidecar_path
+
+
+def _parents(path: str) -> Iterator[str]:
+    """`/a/b/c` -> `/a/b`, `/a`, `/`."""
+    while (parent := os.path.dirname(path)) != path:
+        yield parent
+        path = parent
 
 
 @contextlib.contextmanager
@@ -138,26 +160,46 @@ def _locked(roots: Iterable[Path]) -> Iterator[None]:
 def _roots(mine: _Mine) -> set[Path]:
     """Every root whose paths can meet the manifest's: its own, each folder above it holding `.farm/`, and each
     folder holding `.farm/` on the way from it to one of its paths (the path itself included)."""
-    found = {mine.root} | {p for p in mine.root.parents if _is_root(p)}
-    seen: set[Path] = set()
+    found = {mine.root} | {p for p in mine.root.parents if _is_root(str(p))}
+    root, seen = str(mine.root), set()
     for path in mine.written:
-        while path != mine.root and path not in seen:
+        while path != root and path not in seen:
             seen.add(path)
             if _is_root(path):
-                found.add(path)
-            path = path.parent
+                found.add(Path(path))
+            path = os.path.dirname(path)
     return found
 
 
-def _is_root(folder: Path) -> bool:
+def _is_root(folder: str) -> bool:
     try:
-        return stat.S_ISDIR(os.lstat(folder / storage.RECORDS_DIR).st_mode)
+        return stat.S_ISDIR(os.lstat(os.path.join(folder, storage.RECORDS_DIR)).st_mode)
     except OSError:
         return False
 
 
+def _refuse_another_of_this_name(mine: _Mine) -> None:
+    """The records of the manifest's name in its root must be its own: another manifest of that name would take over
+    its claims (a submit rewrites them) and overwrite its renders. Whose they are is read from the claims, else from
+    the state, as another manifest's files are; when neither can be read, the name alone tells (so the fix a
+    refusal names, that manifest's own submit, works).
+
+    # Raises: ClaimConflict naming the other manifest's file and the fix.
+    """
+    folder = mine.root / storage.RECORDS_DIR / mine.name
+    try:
+        _, recorded = _records_files(mine.root, folder)
+    except ClaimsUnknown:
+        return
+    if recorded.get("path") not in (None, mine.path):
+        raise ClaimConflict(f"{mine.root} already holds the renders of another manifest named {mine.name!r} "
+                            f"({recorded['path']}); two manifests with one name would overwrite each other's "
+                            f"renders: change name: (or, if the manifest moved, remove {folder}/: its renders stay "
+                            f"done, as their sidecars say)")
+
+
 def _refuse_taken(mine: _Mine, roots: set[Path]) -> None:
-    theirs: dict[Path, str] = {}
+    theirs: dict[str, str] = {}
     for root in sorted(roots):
         theirs |= _claimed(root, skip=mine.name if root == mine.root else None)
     taken = _overlaps(mine, theirs)
@@ -170,14 +212,22 @@ def _refuse_taken(mine: _Mine, roots: set[Path]) -> None:
             f"its records ({storage.RECORDS_DIR}/<its name>/)")
 
 
-def _overlaps(mine: _Mine, theirs: dict[Path, str]) -> list[str]:
+def _overlaps(mine: _Mine, theirs: dict[str, str]) -> list[str]:
     """Each path of `mine` that is a path of `theirs` (path -> owner), a folder above one, or below one."""
-    folders: dict[Path, Path] = {}  # every folder above a path of theirs -> that path
+    folders: dict[str, str] = {}  # every folder above a path of theirs -> that path
     for path in theirs:
-        for parent in path.parents:
+        for parent in _parents(path):
             if parent in folders:
                 break  # its own parents are there too
             folders[parent] = path
+    inside: dict[str, str | None] = {}  # a folder -> the path of theirs it is or lies inside (None: none)
+
+    def above(folder: str) -> str | None:
+        if folder not in inside:
+            parent = os.path.dirname(folder)
+            inside[folder] = folder if folder in theirs else None if parent == folder else above(parent)
+        return inside[folder]
+
     taken = []
     for path, key in mine.written.items():
         if path in theirs:
@@ -186,13 +236,13 @@ def _overlaps(mine: _Mine, theirs: dict[Path, str]) -> list[str]:
             below = folders[path]
             taken.append(f"{mine.shown(path)} (job {key}) is a folder of {mine.shown(below)}, written by "
                          f"{theirs[below]}")
-        elif (above := next((p for p in path.parents if p in theirs), None)) is not None:
-            taken.append(f"{mine.shown(path)} (job {key}) lies inside {mine.shown(above)}, which is written by "
-                         f"{theirs[above]}")
+        elif (outer := above(os.path.dirname(path))) is not None:
+            taken.append(f"{mine.shown(path)} (job {key}) lies inside {mine.shown(outer)}, which is written by "
+                         f"{theirs[outer]}")
     return sorted(taken)
 
 
-def _claimed(root: Path, skip: str | None) -> dict[Path, str]:
+def _claimed(root: Path, skip: str | None) -> dict[str, str]:
     """Every path the manifests of `root` own (their files, sidecars and the records folder itself) -> its owner
     in words; the manifest named `skip` left out.
 
@@ -200,7 +250,7 @@ def _claimed(root: Path, skip: str | None) -> dict[Path, str]:
     """
     records = root / storage.RECORDS_DIR
     where = "" if skip is not None else f" in output root {root}"
-    owned = {records: f"the farm's records of output root {root}"}
+    owned = {str(records): f"the farm's records of output root {root}"}
     try:
         entries = sorted(os.scandir(records), key=lambda e: e.name)
     except FileNotFoundError:
@@ -221,7 +271,7 @@ def _claimed(root: Path, skip: str | None) -> dict[Path, str]:
     return owned
 
 
-def _records_files(root: Path, folder: Path) -> tuple[list[tuple[Path, str]], dict]:
+def _records_files(root: Path, folder: Path) -> tuple[list[tuple[str, str]], dict]:
     """The real paths of the files a manifest's records say it writes, with their job keys, and its manifest entry
     (path, name): from its claims, else from its state; none when its folder holds nothing but a lease.
 
@@ -230,7 +280,7 @@ def _records_files(root: Path, folder: Path) -> tuple[list[tuple[Path, str]], di
     record, claims_problem = storage.read_record(folder / CLAIMS_FILE)
     files = record.get("files") if record is not None else None
     if isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        return [(Path(os.path.normpath(root / rel)), key) for rel, key in files.items()], _manifest_entry(record)
+        return [(os.path.normpath(os.path.join(root, rel)), key) for rel, key in files.items()], _manifest_entry(record)
     claims_problem = claims_problem or (f"{folder / CLAIMS_FILE} " + (
         "is missing" if record is None else "is not a claims record (no mapping of files)"))
     state = storage.read_state(root, folder.name)
@@ -252,10 +302,10 @@ def _manifest_entry(record: dict) -> dict:
     return {k: v for k, v in entry.items() if isinstance(v, str)} if isinstance(entry, dict) else {}
 
 
-def _real(path: str) -> Path:
+def _real(path: str) -> str:
     """A recorded file where it is really written (its folders' symlinks resolved, as `wanted` resolves)."""
-    path = Path(path)
-    return path.parent.resolve() / path.name
+    folder, name = os.path.split(path)
+    return os.path.join(os.path.realpath(folder), name)
 
 
 def _holds_nothing(folder: Path) -> bool:

@@ -127,9 +127,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    cells = [{c: terminal.escape(str(r[c])) for c in columns} for r in rows]  # aligned as the terminal shows them
+    widths = {c: max(len(c), *(len(r[c]) for r in cells)) for c in columns}
     lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in columns) for r in cells]
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import _thread
 import contextlib
 import functools
-import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from typing import Any
 import structlog
 
 from farm import claims, cluster, cluster_lock, lease, memory, storage
-from farm.errors import FarmError, StorageFault
+from farm.errors import StorageFault
 from farm.events import RunLog
 from farm.job import JobState
 from farm.manifest import Manifest
@@ -65,20 +64,15 @@ class RunReport:
         return not self.error and not self.interrupted and all(o.state is JobState.DONE for o in self.outcomes.values())
 
 
-def new_run_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-
-
 def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
     """Renders every job of `manifest` that is not done yet; the records are written however it ends.
 
     # Raises: StorageFault (the root cannot be written), LeaseHeld (another driver renders this manifest: its
-    # storage lease, or on a shared cluster its Ray lock, is held),
-    # FarmError (another manifest uses this name in this root), ClaimConflict (another manifest of the root writes
-    # one of its files), ClusterError (no cluster, no GPUs of the type).
+    # storage lease, or on a shared cluster its Ray lock, is held), ClaimConflict (another manifest uses this name in
+    # this root, or writes one of its files), ClusterError (no cluster, no GPUs of the type).
     """
     started = time.monotonic()
-    report = RunReport(new_run_id(), manifest, {}, [])
+    report = RunReport(storage.new_run_id(), manifest, {}, [])
     storage.prepare_root(manifest.output_root)
     with contextlib.ExitStack() as stack:
         # On a cluster other drivers may join, Ray's lock comes first: a driver it refuses has written no record
@@ -88,7 +82,6 @@ def submit(manifest: Manifest, options: SubmitOptions) -> RunReport:
             stack.callback(cluster.disconnect, shared)
             stack.callback(_take_cluster_lock(manifest, report, options.wait).release)
         stack.callback(_take_lease(manifest, report, options.wait).release)
-        _check_same_manifest(manifest)
         claims.claim(manifest)
         jobs = [job for job in manifest.jobs if options.only is None or job.key in options.only]
         report.skipped = [] if options.force else [job.key for job in jobs if storage.is_done(job)]
@@ -138,19 +131,6 @@ def _take_cluster_lock(manifest: Manifest, report: RunReport, wait: bool) -> clu
 
 def _lease_path(manifest: Manifest) -> Path:
     return storage.records_dir(manifest.output_root, manifest.name) / lease.LEASE_FILE
-
-
-def _check_same_manifest(manifest: Manifest) -> None:
-    """# Raises: FarmError when the root's records of this name are another manifest's."""
-    state = storage.read_state(manifest.output_root, manifest.name) or {}
-    if "unreadable" in state:
-        structlog.get_logger("farm").warning("state_unreadable", problem=state["unreadable"])
-    recorded = state.get("manifest")
-    if isinstance(recorded, dict) and recorded.get("path") not in (None, manifest.path):
-        raise FarmError(f"{manifest.output_root} already holds the renders of another manifest named "
-                        f"{manifest.name!r} ({recorded['path']}); two manifests with one name would overwrite each "
-                        f"other's renders: change name: (or, if the manifest moved, remove "
-                        f"{storage.records_dir(manifest.output_root, manifest.name)}/state.json)")
 
 
 def _render(manifest: Manifest, todo: list, options: SubmitOptions, report: RunReport,

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
 
+from cosmos3.rules import json_text
 from farm import storage
 from farm.errors import FarmError
 from farm.processes import pid_alive
@@ -54,7 +55,7 @@ class Owner:
     @classmethod
     def parse(cls, text: str) -> Owner:
         """# Raises: ValueError saying what is wrong with the text."""
-        data = json.loads(text)
+        data = json_text.loads(text)
         kinds = {"host": str, "pid": int, "run": str, "manifest": str, "started": (int, float)}
         if not isinstance(data, dict) or set(data) != set(kinds):
             raise ValueError(f"expected the keys {', '.join(kinds)}")

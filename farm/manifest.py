@@ -146,6 +146,10 @@ class _Resolver:
             self.error(("name",), f"{len(name.encode())} bytes; the farm keeps its records in {RECORDS_DIR}/<name>/ "
                                   f"and the file system of {root} takes names of at most {self._name_max(root)}")
             name = None
+        elif root is not None and name is not None and (
+                too_long := storage.too_long(storage.longest_record(root, name))):
+            self.error(("output", "root"), f"the farm's records in {root / RECORDS_DIR / name}/ would not fit: "
+                                           f"{too_long} (pick an output.root nearer /, or a shorter name:)")
         jobs = self._jobs(raw_jobs, defaults, model, name, root, template)
         if None in (name, model, root) or model.spec is None or self.problems:
             return None

@@ -22,10 +22,12 @@ import json
 import os
 import secrets
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from cosmos3.rules import json_text
 from farm import template
 from farm.errors import StorageFault
 from farm.job import Job
@@ -432,13 +434,23 @@ def summary_path(output_root: str | Path, name: str, run_id: str) -> Path:
     return records_dir(output_root, name) / "runs" / f"{run_id}.json"
 
 
+def new_run_id() -> str:
+    """A run's id: when it started, to the second, and 6 random hex digits (`20261206-101949-183baa`)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def longest_record(output_root: str | Path, name: str) -> Path:
+    """The longest path the records of manifest `name` take: a run summary's temp file (every run id is as long)."""
+    return temp_path(summary_path(output_root, name, new_run_id()))
+
+
 def read_record(path: Path) -> tuple[dict | None, str | None]:
     """The one reader of the farm's JSON records (state, claims, sidecars): (the mapping, None); (None, None)
     when there is none; (None, what is wrong with it, where, and what to do) when it is damaged or was edited by
     hand into something else. Never raises: a damaged record is reported, and the run goes on."""
     try:
         with open_regular(path) as handle:
-            data = json.loads(handle.read())
+            data = json_text.loads(handle.read())
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as err:

@@ -81,7 +81,13 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[FieldProblem]]:
               if (problem := _parameter_problem(name, v)) is not None]
     if found:
         return None, found
-    return SeaCacheSettings(**{name: float(v) if name in _REAL else v for name, v in params.items()}), found
+    return SeaCacheSettings(**{name: _as_read(name, v) for name, v in params.items()}), found
+
+
+def _as_read(name: str, value: int | float) -> int | float:
+    """A checked parameter as its field's type, in one spelling: `power_exp: 3` is 3.0, `residual_order: 0.0` is 0,
+    and -0.0 is 0.0 (equal, but written apart in a config hash)."""
+    return float(value) + 0.0 if name in _REAL else int(value)
 
 
 # Where the step cache runs: stills and clips alike (a distilled schedule's four re-noised steps never run it: the
@@ -91,9 +97,8 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[FieldProblem]]:
 # 0.23% of a clip's (h200-step-cache.md). So a still's denoising falls by ~32% (40% of its steps at a fifth of their
 # cost; 1.44 -> 1.02 s with 20 of 50 cached) and a clip's by ~35%: both pay.
 #
-# The config hash records a still's setting apart from a clip's: stills ran every step until the cache ran on them,
-# and hashed the default's identity whatever their manifest said; their entry now never equals that, so a still
-# rendered uncached is not done and renders again (README, "Upgrade notes").
+# The config hash records a still's setting under STILLS_KEY, apart from a clip's: a sidecar whose still hashed the
+# bare default's identity is a still that computed every step, and it is not done (README, "Upgrade notes").
 STILLS_KEY = "stills"
 
 

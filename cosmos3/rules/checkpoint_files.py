@@ -8,13 +8,13 @@ its path instead of hanging the read or filling memory; a JSON file is read up t
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from pathlib import Path
 from typing import IO, Any
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules import json_text
 
 JSON_LIMIT = 64 << 20  # bytes of any JSON file of a checkpoint (a large tokenizer.json is ~10 MB)
 
@@ -69,6 +69,6 @@ def read_json(path: Path, missing: str, error: type[CheckpointError] | Any = Che
     except CheckpointError as err:
         raise error(str(err)) from None
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return json_text.loads(data)
+    except ValueError as err:  # also UnicodeDecodeError
         raise error(f"{path}: not valid JSON ({err})") from None

@@ -18,7 +18,6 @@ load is refused at validation, with the same message naming the file and the fie
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import struct
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cosmos3.errors import CheckpointError
+from cosmos3.rules import json_text
 from cosmos3.rules.checkpoint_files import open_file, read_json
 from cosmos3.rules.config import (
     SOUND_TOKENIZER_DIR,
@@ -273,7 +273,7 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...], int]]:
                                   "not a safetensors file, or truncated")
         raw = f.read(length)
     try:
-        header = json.loads(raw)
+        header = json_text.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise CheckpointError(f"{path}: the safetensors header is not JSON (garbage or overwritten file)") from None
     if not isinstance(header, dict):

@@ -88,6 +88,10 @@ class TextBudget:
         self._tokenizer, self.limit = tokenizer, limit
         # (prompt, spec, negative) -> tokens: a sweep's seeds share them, so they are counted once
         self._counts: dict[tuple[str, PromptSpec, bool], int] = {}
+        # prompt -> its own tokens, for the prompts far over the limit: counted once whatever the jobs' sizes, so
+        # the tokenizer's work is bounded by the manifest's bytes (one alias in every job, each at another fps,
+        # would otherwise tokenize a 16 MiB prompt once a job)
+        self._alone: dict[str, int] = {}
 
     @classmethod
     def from_dir(cls, path: str | Path) -> TextBudget:
@@ -119,7 +123,15 @@ class TextBudget:
         return self._counts[key]
 
     def problem(self, prompt: str, spec: PromptSpec, *, negative: bool) -> str | None:
-        """Why ``prompt`` does not fit, or None."""
+        """Why ``prompt`` does not fit, or None. A prompt whose own tokens are over twice the limit is refused on them
+        alone: its metadata sentences and the system prompt only add tokens (an appended sentence changes how the
+        prompt's last word splits at most, never half its tokens)."""
+        if len(prompt) > 2 * self.limit:  # a token holds one character at least
+            if prompt not in self._alone:
+                self._alone[prompt] = len(self._tokenizer.encode(prompt, add_special_tokens=False).ids)
+            if self._alone[prompt] > 2 * self.limit:
+                return (f"{self._alone[prompt]:,} tokens in the prompt alone, over twice the text tokenizer's limit "
+                        f"of {self.limit:,}; shorten it")
         count = self.count(prompt, spec, negative=negative)
         if count <= self.limit:
             return None

@@ -114,3 +114,17 @@ def test_report_sets_the_uncached_and_the_cached_clip_side_by_side(tmp_path):
     over = 100 * ((cached_steps + 9.8) / (cached_steps + 9.5) - 1)
     assert "| FP8 T2V GPU-seconds within 5% of steps (2 forwards each) + VAE decode | " \
            f"{cached_steps + 9.8:.1f} s vs {cached_steps + 9.5:.1f} s: {over:+.1f}% | yes |" in lines
+
+
+def test_report_counts_two_clips_back_to_back_an_hour(tmp_path):
+    first = _clip_sidecar([], 1000.0, 2.5)  # finishes at 1000 + 139.7 + 9.8 + 2.5
+    second = {**_clip_sidecar([], first["finished"] - 2.5, 2.5), "job": {**first["job"], "id": "t2v-seed2"}}
+    _write(tmp_path / "farm-fp8.json", {**_farm(None, first), "sidecars": {"t2v": first, "t2v-seed2": second}})
+
+    report = subprocess.run(f"{sys.executable} -m benchmarks.bench_render report {tmp_path}/*.json", shell=True,
+                            cwd=ROOT, text=True, capture_output=True, timeout=120)
+
+    assert report.returncode == 0, report.stderr
+    span = second["finished"] - 1000.0  # the second rendered while the first published
+    assert (f"| first clip started to last one published | {span:.1f} s: {7200 / span:.1f} clips an hour on one "
+            "GPU |") in report.stdout.splitlines()

@@ -578,6 +578,18 @@ def test_a_warm_up_builds_the_background_vae_and_the_first_job_waits_for_nothing
     np.testing.assert_array_equal(first.frames, pipe(job("t2v", seed=3)).frames)
 
 
+def test_the_warm_up_decodes_the_default_sizes_of_the_tasks_a_checkpoint_renders(root, pipe, tmp_path):
+    z, factor = pipe._vae.config.z_dim, pipe._vae.config.spatial_factor
+    image, video = (pipeline.resolve(RenderRequest(task=task, prompt="x"), pipe.rules) for task in ("t2i", "t2v"))
+    still = (z, 1, image.height // factor, image.width // factor)
+    clip = (z, 2, video.height // factor, video.width // factor)  # the first latent frame and one after it
+    assert pipe.warm_up_shapes() == [still, clip]
+    image_only = tmp_path / "image-only"
+    shutil.copytree(root, image_only)
+    (image_only / "README.md").write_text("---\npipeline_tag: text-to-image\n---\nAn image model.\n")
+    assert Cosmos3Pipeline.from_pretrained(image_only).warm_up_shapes() == [still]
+
+
 def test_a_t2v_job_denoises_while_the_vae_builds_and_waits_only_at_its_decode(root, pipe, monkeypatch):
     # The build finishes only after the job's last step: a job that waited before its steps would never get there.
     last_step, build = threading.Event(), WanVAE.build.__func__

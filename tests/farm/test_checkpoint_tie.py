@@ -247,3 +247,15 @@ def test_a_sidecar_written_before_the_fingerprint_identity_still_counts_done(tmp
         job, "earlier", 1, media, checkpoint={"path": "/ckpt", "sha256": "0" * 64}))
     assert cli.main(["plan", str(path)]) == 0
     assert "1 renders, 0 to do, 1 done" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["transformer/config.json", "vae/diffusion_pytorch_model.safetensors"])
+def test_a_checkpoint_json_nested_too_deep_is_refused_naming_it(tmp_path, capsys, name):
+    """A config or a safetensors header of `[[[[...` 100,000 deep: inside every size bound, deeper than Python's
+    decoder recurses."""
+    path = write_manifest(tmp_path, JOB)
+    target = tmp_path / "ckpt" / name
+    nested = b"[" * 100_000 + b"]" * 100_000
+    target.write_bytes(len(nested).to_bytes(8, "little") + nested if name.endswith(".safetensors") else nested)
+    assert cli.main(["validate", str(path)]) == 1
+    assert str(target) in capsys.readouterr().err

@@ -325,3 +325,24 @@ def test_a_root_inside_another_roots_records_is_refused(tmp_path, capsys, inner_
                            output={"root": inner_root, "path": "{id}"})
     _refused(inner, capsys, f"the farm's records of output root {tmp_path / 'out'}")
     assert cli.main(["plan", str(outer)]) == 0
+
+
+@pytest.mark.parametrize("damage", ["state deleted", "state not JSON", "claims deleted", "claims not JSON"])
+def test_another_manifest_of_the_same_name_is_refused_while_either_record_says_whose_the_records_are(
+        tmp_path, capsys, damage):
+    """A second manifest named like the first takes over its records (its submit rewrites the claims) and overwrites
+    its renders, unless the records that still read name the first."""
+    shared = {"root": str(tmp_path / "out"), **TEMPLATE}
+    first = _submitted(tmp_path / "one", [{"id": "shot", "prompt": "a harbour"}], "first", shared, capsys)
+    impostor = write_manifest(tmp_path / "two", [{"id": "shot", "prompt": "a desert"}], name="first", output=shared)
+    record, how = damage.split(" ", 1)
+    path = (claims.claims_path if record == "claims" else storage.state_path)(tmp_path / "out", "first")
+    if how == "deleted":
+        path.unlink()
+    else:
+        path.write_text("{")
+
+    _refused(impostor, capsys, f"already holds the renders of another manifest named 'first' ({first})",
+             "change name:")
+    _untouched(first, "first")
+    assert cli.main(["submit", str(first), "--no-progress"]) == 0  # the first's own records are its own

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cosmos3.rules import prompt
 from farm import cli, document, manifest
 from tests.farm.helpers import write_manifest
 
@@ -142,3 +143,38 @@ def test_a_100000_seed_sweep_validates(tmp_path):
     path = write_manifest(tmp_path, [{"id": "sweep", "prompt": "x", "seeds": [*seeds, 99_999, 5]}])
     with pytest.raises(manifest.ManifestError, match="seeds: seed 5 is listed twice"):
         manifest.load(path)
+
+
+def test_a_long_prompt_shared_by_jobs_of_every_size_is_tokenized_once(tmp_path, monkeypatch):
+    """One prompt in every job (an alias in a 16 MiB manifest), each job at another fps: counted with each job's
+    metadata sentences, validate would tokenize the whole prompt once a job (hours). It is tokenized once, and every
+    job is refused."""
+    tokenized: list[int] = []  # characters of each text the tokenizer was given
+    from_dir = prompt.TextBudget.from_dir.__func__
+
+    class Spy:
+        def __init__(self, tokenizer):
+            self._tokenizer = tokenizer
+
+        def encode(self, text, **options):
+            tokenized.append(len(text))
+            return self._tokenizer.encode(text, **options)
+
+        def encode_batch(self, texts, **options):
+            tokenized.extend(len(text) for text in texts)
+            return self._tokenizer.encode_batch(texts, **options)
+
+    def spied(cls, path):
+        budget = from_dir(cls, path)
+        budget._tokenizer = Spy(budget._tokenizer)
+        return budget
+
+    monkeypatch.setattr(prompt.TextBudget, "from_dir", classmethod(spied))
+    long = "a red circle " * 20_000
+    jobs = [{"id": f"j{fps}", "prompt": long, "fps": fps} for fps in range(1, 21)]
+    with pytest.raises(manifest.ManifestError) as refused:
+        manifest.load(write_manifest(tmp_path, jobs))
+
+    assert [p.where for p in refused.value.problems] == [f"jobs[{i}] (id=j{i + 1}) -> prompt" for i in range(20)]
+    assert sum(n for n in tokenized if n >= len(long)) == len(long)
+    assert "tokens in the prompt alone, over twice the text tokenizer's limit" in refused.value.problems[0].message

@@ -117,6 +117,10 @@ PUBLISHED_CACHE = {"method": "seacache", "threshold": 0.25, "max_consecutive": 2
     pytest.param([{"method": "seacache", "threshold": 0.4}, {"method": "seacache", "threshold": 0.4, "end_steps": 1},
                   {**PUBLISHED_CACHE, "threshold": 0.4}], "seacache", id="a threshold of its own"),
     pytest.param(["off", False], "seacache", id="off"),
+    pytest.param([{"method": "seacache", "residual_order": z} for z in (0, 0.0, -0.0)], "seacache",
+                 id="a residual order of zero"),
+    pytest.param([{"method": "seacache", "threshold": z} for z in (0, 0.0, -0.0)], "seacache",
+                 id="a threshold of zero"),
 ])
 def test_one_cache_setting_hashes_the_same_however_it_is_written(tmp_path, same, other):
     def hash_of(cache) -> str:

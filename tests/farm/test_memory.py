@@ -114,3 +114,16 @@ def test_two_models_on_one_cluster_both_finish_and_the_larger_only_on_gpus_that_
     assert small.node_id() in _nodes_of(tmp_path / "nano" / "out", "nano")
     assert len(list((tmp_path / "nano" / "out" / "nano").glob("*.mp4"))) == 8
     assert len(list((tmp_path / "super" / "out" / "super").glob("*.mp4"))) == 2
+
+
+@pytest.mark.gpu
+def test_a_worker_reads_its_gpus_memory_through_nvml_and_refuses_a_need_above_it():
+    import pynvml
+
+    from worker.gpu import check_gpu_memory
+
+    pynvml.nvmlInit()
+    total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+    check_gpu_memory("0", PlannedMemory(total, "fits", "all of it"))  # exactly the GPU's memory: accepted
+    with pytest.raises(WorkerConfigError, match=rf"\({total / GIB:.1f} GiB\) cannot hold job big of this manifest"):
+        check_gpu_memory("0", PlannedMemory(total + 1, "big", "one byte more"))

@@ -89,3 +89,16 @@ def test_a_manifest_path_too_long_to_open_says_which_limit(tmp_path, capsys, nam
     assert cli.main(["validate", str(tmp_path / name)]) == 1
     err = capsys.readouterr().err
     assert re.search(problem, err) and "Traceback" not in err
+
+
+def test_a_root_whose_records_would_not_fit_path_max_is_refused_at_validate(tmp_path):
+    """The media's path and its temp file fit, the records' longest path (a run summary's temp file,
+    `.farm/NAME/runs/.<run id>.json.<16 hex>.tmp`) does not: a run would render and then fail writing its summary."""
+    depth = storage.path_max() - 50 - len(str(tmp_path))
+    root = tmp_path / "/".join(["d" * 200] * (depth // 201) + ["r" * (depth % 201 or 1)])
+    root.mkdir(parents=True)
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}], output={"root": str(root), "path": "{id}"})
+    assert len(str(storage.temp_path(storage.sidecar_path(root / "a.mp4")))) < storage.path_max()
+    with pytest.raises(ManifestError, match=r"output -> root: the farm's records in .*/.farm/test/ would not fit: the "
+                                            r"path is [\d,]+ bytes; the system takes paths of at most 4,095"):
+        manifest.load(path)

@@ -27,6 +27,7 @@ DAMAGED_STATES = [
     pytest.param('{"jobs": {"a": {"state": "done"}}}', id="an entry without media"),
     pytest.param('{"jobs": [1]}', id="jobs as a list"),
     pytest.param('{"jobs": {"a": ', id="cut short"),
+    pytest.param("[" * 100_000 + "]" * 100_000, id="nested deeper than the decoder recurses"),
 ]
 
 
@@ -200,3 +201,29 @@ def test_status_keeps_a_damaged_states_note_whichever_row_it_is(tmp_path, capsys
     assert cli.main(["status", str(tmp_path), "--output", "json"]) == 0
     rows = {row["manifest"]: row for row in json.loads(capsys.readouterr().out)["manifests"]}
     assert [name for name, row in rows.items() if "damaged" in row] == [damaged]
+
+
+NESTED = "[" * 100_000 + "]" * 100_000  # 200 kB: inside every size bound, deeper than Python's decoder recurses
+
+
+def test_a_sidecar_claims_or_lease_nested_too_deep_is_damaged_not_a_traceback(tmp_path, capsys):
+    path = write_manifest(tmp_path, [{"id": "a", "prompt": "x"}])
+    job = manifest.load(path).jobs[0]
+    publish(job, run="earlier")
+    assert cli.main(["submit", str(path), "--no-progress"]) == 0  # all done: records, no cluster
+    other = write_manifest(tmp_path / "other", [{"id": "b", "prompt": "y"}], name="other",
+                           output={"root": str(tmp_path / "out")})
+    records = tmp_path / "out" / ".farm" / "test"
+    capsys.readouterr()
+
+    storage.sidecar_path(job.media).write_text(NESTED)
+    assert cli.main(["plan", str(path)]) == 0 and "todo" in capsys.readouterr().out  # not done: rendered again
+    (records / "claims.json").write_text(NESTED)
+    assert cli.main(["validate", str(other)]) == 0  # the state stands in for the claims
+    (records / "state.json").write_text(NESTED)
+    assert cli.main(["validate", str(other)]) == 1
+    assert "nested too deeply to be decoded" in capsys.readouterr().err
+    (records / lease.LEASE_FILE).write_text(NESTED)
+    assert cli.main(["submit", str(path), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert str(records / lease.LEASE_FILE) in err and "Traceback" not in err

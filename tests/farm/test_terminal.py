@@ -105,3 +105,15 @@ def test_a_manifest_file_name_that_is_not_utf8_is_named_escaped_not_a_crash(tmp_
     named = path.rename(tmp_path / os.fsdecode(b"m\xff\x1b.yaml"))  # a byte no UTF-8 decodes: a lone surrogate
     printed = _commands(capsys, named, "validate", "plan")
     assert "m\\udcff\\x1b.yaml" in printed and _clean(printed)
+
+
+def test_a_table_lines_up_as_the_terminal_shows_its_escaped_cells(tmp_path, capsys):
+    """A records folder named with an escape sequence is shown escaped, and its row's columns stay under their
+    headings (widths counted on what is shown, not on the raw name)."""
+    for name in ("plain", "x\x1b]0;title\x07"):
+        (tmp_path / ".farm" / name).mkdir(parents=True)
+        (tmp_path / ".farm" / name / "state.json").write_text('{"jobs": {}, "run": "r1", "result": "complete"}')
+    assert cli.main(["status", str(tmp_path)]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert any(row.startswith("x\\x1b]0;title\\x07  ") for row in rows)
+    assert {row.index("  0  ") + 2 for row in rows} == {header.index("DONE")}
