@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from cosmos3.errors import ConfigError, FieldProblem
-from cosmos3.rules.values import is_int, is_number, yaml_off
+from cosmos3.rules.values import is_int, is_number, is_real, yaml_off
 
 METHODS = ("off", "seacache")
 
@@ -49,7 +49,7 @@ def _parameter_problem(name: str, value: Any) -> str | None:
             return f"{value!r} is not a whole number in [0, {MAX_WHOLE}]"
         return None
     if name == "residual_order":
-        return None if is_int(value) and value in (0, 1) else f"{value!r} is not 0 or 1"
+        return None if is_real(value) and value in (0, 1) else f"{value!r} is not 0 or 1"
     if not is_number(value):
         return f"{value!r} is not a finite number"
     if name == "threshold" and not 0 <= value <= MAX_THRESHOLD:
