@@ -24,7 +24,7 @@ from cosmos3.errors import CheckpointError, ConfigError, PipelineError, SoundTok
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
 from cosmos3.rules.checkpoint_header import check_sound_dir
 from cosmos3.rules.config import Cosmos3Config, SoundConfig
-from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, STEPS, ModelSpy, job
+from tests.cosmos3.test_pipeline import PROMPT, ROUND_TRIP_TOLERANCE, STEPS, ModelSpy, RecordingSink, job
 from tests.tiny_checkpoint import TINY_SOUND_TOKENIZER, make_tiny_checkpoint, mismatch_weights
 from toy import measure
 
@@ -72,6 +72,14 @@ def test_a_sound_render_carries_a_float_waveform_of_the_clips_duration(pipe):
     assert out.sound.dtype == np.float32 and out.sound.shape == (2, 3000)  # stereo, 9 / 24 s at 8 kHz
     assert np.isfinite(out.sound).all() and out.sound.std() > 0
     assert out.info["sound"] == {"latent_frames": 10, "samples": 3000, "sampling_rate": RATE}
+
+
+def test_a_frame_sink_is_given_the_sound_before_the_first_frame(pipe):
+    sink = RecordingSink()  # it checks that start comes first
+    out = pipe(job("t2v", seed=3), frames=sink)
+    shape, fps, sound, rate = sink.started
+    assert (shape, fps, rate) == (out.frames.shape, out.fps, RATE) and sound is out.sound
+    np.testing.assert_array_equal(np.concatenate(sink.chunks), out.frames)
 
 
 @pytest.mark.parametrize("task", ["i2v", "v2v"])

@@ -158,11 +158,11 @@ class _VAEBuiltAfterReady(fake.FakeRenderer):
     def warm_up(self):
         self.warm = True
 
-    def __call__(self, request, callback):
+    def __call__(self, request, callback, frames=None):
         if not self.warm:
             raise RuntimeError("rendered before its warm-up")
         self.load_timings = {"total": 1.0, "vae": 2.5}
-        return super().__call__(request, callback)
+        return super().__call__(request, callback, frames)
 
 
 def _renderer_with_a_background_vae(model, gpu: bool) -> _VAEBuiltAfterReady:
@@ -203,9 +203,9 @@ def test_a_render_starts_on_a_collected_and_frozen_heap(cluster, tmp_path):
     seen = {}
 
     class Probe(fake.FakeRenderer):
-        def __call__(self, request, callback):
+        def __call__(self, request, callback, frames=None):
             seen.update(frozen=gc.get_freeze_count(), garbage_left=garbage() is not None)
-            return super().__call__(request, callback)
+            return super().__call__(request, callback, frames)
 
     m = _manifest(tmp_path)
     Path(m.output_root).mkdir(exist_ok=True)
