@@ -7,6 +7,7 @@ import gc
 import hashlib
 import json
 import os
+import tempfile
 import weakref
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from farm import manifest, storage
 from farm.errors import WorkerStartError
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_manifest
-from worker import fake, gpu
+from worker import encode, fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
 TOY_FP8 = Path(__file__).resolve().parents[2] / "checkpoints" / "toy" / "fp8"
@@ -224,3 +225,28 @@ def test_a_render_starts_on_a_collected_and_frozen_heap(cluster, tmp_path):
         gc.unfreeze()
         gc.enable()
     assert not seen["garbage_left"] and seen["frozen"] > frozen_before
+
+
+class _FailsMidDecode(fake.FakeRenderer):
+    """Hands its clip's first chunk to the encode, then fails, as a decode that runs out of memory half-way."""
+
+    def __call__(self, request, callback, frames=None):
+        out = super().__call__(request, callback)
+        frames.start(out.frames.shape, out.fps, None, None)
+        frames.write(out.frames[:1])
+        raise RuntimeError("the decode failed half-way")
+
+
+def _fails_mid_decode(model, gpu: bool) -> _FailsMidDecode:
+    return _FailsMidDecode(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.0)
+
+
+def test_a_clip_whose_decode_fails_mid_stream_stops_its_encode_and_publishes_nothing(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, _fails_mid_decode)
+    pid = ray.get(worker.ready.remote())["pid"]
+    with pytest.raises(ray.exceptions.RayTaskError, match="the decode failed half-way"):
+        ray.get(worker.render.remote(m.jobs[0], 1))
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{encode._scratch_prefix()}{pid}-*"))  # the worker's encodes
+    ray.kill(worker)
+    assert scratch == [] and output_files(Path(m.output_root)) == []
