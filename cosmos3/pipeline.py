@@ -34,14 +34,14 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.cuda_graphs import enable_cuda_graphs
-from cosmos3.errors import BackgroundLoadError
+from cosmos3.errors import BackgroundLoadError, ConfigError
 from cosmos3.media import host_frames, load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt_tokenizer import PromptTokenizer
 from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
 from cosmos3.rules.checkpoint_identity import fingerprint, identity
 from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
-from cosmos3.rules.load_options import Precision
+from cosmos3.rules.load_options import Precision, parallel_problems
 from cosmos3.rules.model_card import tasks_of
 from cosmos3.rules.prompt import PromptSpec
 from cosmos3.rules.request import (
@@ -210,6 +210,8 @@ class Cosmos3Pipeline:
         """
         root = Path(checkpoint_dir)
         cache_settings = parse_cache(cache)
+        if found := parallel_problems(parallel):  # before any thread starts; a given ``model`` too runs on one GPU
+            raise ConfigError.listing("load options", found)
         check_layout(root)
         # The checkpoint as it is before anything loads: what every sidecar names (the farm's config hash holds it).
         checkpoint = identity(root.resolve(), fingerprint(root.resolve()).sha256)
@@ -222,8 +224,8 @@ class Cosmos3Pipeline:
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         # Threads that import under LIBRARY_IMPORT, all beside the transformer's load: the text tokenizer's takes it
-        # first, then the VAE's and the sound tokenizer's (diffusers). Started after the VAE's, the tokenizer waited
-        # for diffusers' whole import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
+        # first, then the VAE's and the sound tokenizer's (diffusers): behind the VAE's, the tokenizer, which a worker
+        # needs before its first job, would wait for diffusers' whole import.
         tokenizer_load = PromptTokenizer.load_in_background(root / TEXT_TOKENIZER_DIR)
         timings = {"ops": ops_seconds}
         config = Cosmos3Config.from_json(transformer_dir(root) / "config.json")

@@ -350,7 +350,7 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
     forward = fp8_pipe.model.forward
 
     def record(*args, **kwargs):
-        methods.append(gen_linear.quant_method)
+        methods.append(gen_linear.method)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(fp8_pipe.model, "forward", record)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -339,7 +342,7 @@ def test_static_fp8_renders_sound_with_each_steps_precision_set_before_both_pass
 
     def record(*args, **kwargs):
         assert kwargs["sound_latents"] is not None
-        methods.append(gen_linear.quant_method)
+        methods.append(gen_linear.method)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(fp8_pipe.model, "forward", record)
@@ -361,3 +364,17 @@ def test_cuda_static_fp8_sound_render_with_graphs_equals_eager_and_stays_close_t
     assert np.array_equal(graphed.sound, eager.sound)
     bf16 = Cosmos3Pipeline.from_pretrained(root, device="cuda")(request)
     assert measure.snr(bf16.sound, graphed.sound) > 20.0
+
+
+def test_building_the_sound_tokenizer_prints_no_warning(root):
+    """Every FutureWarning an error, as a user's log would show it: torch's weight_norm deprecation, raised from
+    diffusers' code at the build, does not reach the user."""
+    code = ("import sys, warnings, torch\nwarnings.simplefilter('error', FutureWarning)\n"
+            "from cosmos3.audio import SoundTokenizer\nfrom cosmos3.rules.checkpoint_header import check_sound_dir\n"
+            "from cosmos3.rules.config import Cosmos3Config\nfrom pathlib import Path\nroot = Path(sys.argv[1])\n"
+            "sound = check_sound_dir(root, Cosmos3Config.from_json(root / 'transformer' / 'config.json'))\n"
+            "SoundTokenizer.from_pretrained(root / 'sound_tokenizer', sound.config, device=torch.device('cpu'))\n")
+    built = subprocess.run([sys.executable, "-c", code, str(root)], cwd=Path(__file__).parents[2],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    assert "Warning" not in built.stderr

@@ -7,6 +7,7 @@ import gc
 import hashlib
 import json
 import os
+import tempfile
 import weakref
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from farm import manifest, storage
 from farm.errors import InputChanged, WorkerStartError
 from tests.farm import fakes
 from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_image, write_manifest
-from worker import fake, gpu
+from worker import encode, fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
 TOY_FP8 = Path(__file__).resolve().parents[2] / "checkpoints" / "toy" / "fp8"
@@ -70,7 +71,8 @@ def test_the_loader_is_the_workers_guard_against_sharded_static_fp8(cluster, tmp
     sharded = dataclasses.replace(m.model, options=LoadOptions(parallel={"tp_size": 1, "cfg_size": 2}))
     worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(sharded, cosmos3_factory, ORIGIN, 0)
     with pytest.raises(ray.exceptions.ActorDiedError,
-                       match=r"parallel.cfg_size: static FP8 runs one GPU per worker; got parallel.cfg_size=2"):
+                       match=r"parallel.cfg_size: cosmos3 runs a model on one GPU .no parallel axis is built.; got "
+                             r"parallel.cfg_size=2"):
         ray.get(worker.ready.remote())
 
 
@@ -249,3 +251,28 @@ def test_a_render_from_an_input_other_than_the_one_its_config_hash_took_is_refus
     with pytest.raises(InputChanged, match=f"{image} is not the file farm submit hashed into job i's config hash"):
         worker.render(m.jobs[0], 1)
     assert not Path(m.jobs[0].media).exists()
+
+
+class _FailsMidDecode(fake.FakeRenderer):
+    """Hands its clip's first chunk to the encode, then fails, as a decode that runs out of memory half-way."""
+
+    def __call__(self, request, callback, frames=None):
+        out = super().__call__(request, callback)
+        frames.start(out.frames.shape, out.fps, None, None)
+        frames.write(out.frames[:1])
+        raise RuntimeError("the decode failed half-way")
+
+
+def _fails_mid_decode(model, gpu: bool) -> _FailsMidDecode:
+    return _FailsMidDecode(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.0)
+
+
+def test_a_clip_whose_decode_fails_mid_stream_stops_its_encode_and_publishes_nothing(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, _fails_mid_decode)
+    pid = ray.get(worker.ready.remote())["pid"]
+    with pytest.raises(ray.exceptions.RayTaskError, match="the decode failed half-way"):
+        ray.get(worker.render.remote(m.jobs[0], 1))
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{encode._scratch_prefix()}{pid}-*"))  # the worker's encodes
+    ray.kill(worker)
+    assert scratch == [] and output_files(Path(m.output_root)) == []
