@@ -1,11 +1,14 @@
 """A Nano clip's MP4 encode (189 frames of 1280x720, what the worker's publish does: x264 at CRF 18, then the
 read-back check) with x264 presets side by side, on noise-like frames (a random-weights render, x264's worst
 case) and on structured moving frames (gradients sliding across the picture), and the read-back check alone
-beside decoding every frame; then a 1024x1024 still's PNG at
+beside decoding every frame; then the clip streamed as the worker streams it beside its VAE decode (chunks of 1, then
+4 frames, released evenly over --decode-seconds, the decode's time), timed from the last chunk's release until the
+MP4 is written: what is left of the encode once the decode ends; then a 1024x1024 still's PNG at
 zlib levels side by side (noise, the structured frame, and smooth shapes with a photo's grain). CPU only: the
 encode runs on the worker's host, so its core count decides the absolute times; the ratios carry over.
 
     python -m benchmarks.bench_encode [--frames 189] [--presets veryfast superfast ultrafast] [--png-levels 1 3 6]
+        [--decode-seconds 5.42]
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import imageio_ffmpeg
 import numpy as np
 
-from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, _read_back_mp4, write_mp4, write_png
+from worker.encode import MP4_PRESET, PNG_COMPRESS_LEVEL, Mp4Stream, _read_back_mp4, write_mp4, write_png
 
 HEIGHT, WIDTH = 720, 1280
 
@@ -43,12 +46,29 @@ def stills() -> dict[str, np.ndarray]:
     return {**clips(1, 1024, 1024), "smooth + grain": np.clip(photo, 0, 255).astype(np.uint8)[None]}
 
 
+def streamed_tail(frames: np.ndarray, decode_seconds: float, folder: str) -> float:
+    """Seconds from the last chunk's release until the MP4 is written, the chunks released as the decode makes them:
+    frame 0 alone, then 4 frames a latent frame, evenly over ``decode_seconds``."""
+    bounds = [0, *range(1, len(frames), 4), len(frames)]
+    chunks = [frames[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    with Mp4Stream() as stream:
+        stream.start(frames.shape, 24.0)
+        for chunk in chunks:
+            time.sleep(decode_seconds / len(chunks))  # the chunk's decode
+            stream.write(chunk)
+        last = time.perf_counter()
+        stream.finish(Path(folder) / "streamed.mp4")
+    return time.perf_counter() - last
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=189)
     parser.add_argument("--presets", nargs="+", default=[MP4_PRESET, "superfast", "ultrafast"])
     parser.add_argument("--png-levels", nargs="+", type=int, default=[PNG_COMPRESS_LEVEL, 3, 6],
                         help="zlib levels; 6 is Pillow's default")
+    parser.add_argument("--decode-seconds", type=float, default=5.42,
+                        help="the VAE decode the stream runs beside (fastvae's, 720p/189 frames on the H100)")
     args = parser.parse_args()
     print(f"{os.cpu_count()} CPUs; {args.frames} frames of {WIDTH}x{HEIGHT}; the worker's preset: {MP4_PRESET}")
     print("| frames | preset | encode + read-back s | vs the worker's preset | MB | size vs the worker's |")
@@ -72,12 +92,20 @@ def main() -> None:
         print("|---|---|---|---|")
         for name, frames, path in checks:
             started = time.perf_counter()
-            _read_back_mp4(path, frames)
+            _read_back_mp4(path, frames.shape)
             counted = time.perf_counter() - started
             started = time.perf_counter()
             assert imageio_ffmpeg.count_frames_and_secs(str(path))[0] == len(frames)
             decoded = time.perf_counter() - started
             print(f"| {name} | {counted:.2f} | {decoded:.2f} | {decoded / counted:.1f}x |", flush=True)
+        print(f"\nStreamed beside a {args.decode_seconds} s decode ({MP4_PRESET}): the encode left after it")
+        print("| frames | whole encode + read-back s | left after the decode s |")
+        print("|---|---|---|")
+        for name, frames in clips(args.frames).items():
+            started = time.perf_counter()
+            write_mp4(frames, 24.0, Path(folder) / "whole.mp4")
+            whole = time.perf_counter() - started
+            print(f"| {name} | {whole:.2f} | {streamed_tail(frames, args.decode_seconds, folder):.2f} |", flush=True)
         print(f"\n1024x1024 stills, the worker's PNG level: {PNG_COMPRESS_LEVEL} (median of 5)")
         print("| still | zlib level | encode + read-back s | vs the worker's level | MB | size vs the worker's |")
         print("|---|---|---|---|---|---|")

@@ -31,7 +31,6 @@ from cosmos3.rules.load_options import FP8_ACCUMULATIONS  # torch-free
 
 SHAPES = {"q/k/v packed": (6144, 4096), "o": (4096, 4096), "gate or up": (12288, 4096), "down": (4096, 12288)}
 TOKENS = (1024, 44160)  # the workload's still, its T2V clip
-FP8_MAX = 448.0
 
 
 def relative_l2(ours, ref) -> float:
@@ -42,7 +41,8 @@ def time_shape(tokens: int, n: int, k: int, rounds: int) -> dict[str, float]:
     """Median us a call of each accumulation: ``[tokens, k] x [n, k]``, both graphs timed in every round."""
     import torch
 
-    from cosmos3.quant.fp8_static import FP8, scaled_mm
+    from cosmos3.ops import FP8, FP8_MAX
+    from cosmos3.quant.fp8_static import scaled_mm
 
     scale = torch.tensor(1.0, device="cuda")
     weights = [(torch.randn(n, k, device="cuda") * 40).clamp(-FP8_MAX, FP8_MAX).to(FP8) for _ in range(WEIGHT_SETS)]
@@ -60,7 +60,8 @@ def time_shape(tokens: int, n: int, k: int, rounds: int) -> dict[str, float]:
 def gemms(args) -> None:
     import torch
 
-    from cosmos3.quant.fp8_static import FP8, scaled_mm
+    from cosmos3.ops import FP8, FP8_MAX
+    from cosmos3.quant.fp8_static import scaled_mm
     from worker.gpu import configure_cuda_allocator
 
     configure_cuda_allocator()

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
-from cosmos3.quant.fp8_static import FP8, FP8_MAX
+from cosmos3.ops import FP8, FP8_MAX
 from cosmos3.rules.config import QuantConfig
 from testbed.wan_vae import WAN22_VAE
 from toy.layout import (

@@ -9,6 +9,7 @@ latent mean/std). What the pipeline needs to size latents is read torch-free by
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,6 +18,12 @@ from cosmos3.background_build import BackgroundBuild
 from cosmos3.errors import CheckpointError, SoundTokenizerLoadError
 from cosmos3.library_import import LIBRARY_IMPORT
 from cosmos3.rules.config import SoundConfig
+
+# diffusers' sound tokenizer builds its convolutions with torch.nn.utils.weight_norm, which torch deprecates with a
+# FutureWarning at the first build of every process: a note about diffusers' code, printed in every demo and worker
+# log, that no user can act on. Warning filters are process-wide, so this one is installed once, here, for that one
+# message (a filter around the build would race the other threads' warnings).
+warnings.filterwarnings("ignore", message=r"`torch\.nn\.utils\.weight_norm` is deprecated", category=FutureWarning)
 
 
 class SoundTokenizer:

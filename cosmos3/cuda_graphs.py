@@ -216,10 +216,9 @@ class GenGraphs:
         self._held = 0  # how many DequantizedWeights were made: a graph's key names the one it reads
 
     def _gen_method(self):
-        """The GEN linears' quant method now (the step controller binds every GEN linear to one), or None."""
+        """The GEN linears' method this step (what the model's step precision selects), or None without a policy."""
         controller = self.model.step_controller
-        first = [] if controller is None else controller.gen_linears[:1]
-        return first[0].quant_method if first else None
+        return None if controller is None else controller.gen_method
 
     def _w8a16(self) -> bool:
         """Whether the step runs W8A16 now."""
@@ -237,7 +236,7 @@ class GenGraphs:
         linears, dtype = self.model.step_controller.gen_linears, self.model.dtype
         free, _ = torch.cuda.mem_get_info(self.model.device)
         if free - DequantizedWeights.nbytes(linears, dtype) >= DEQUANTIZED_HEADROOM:
-            self.dequantized = DequantizedWeights(linears, dtype)
+            self.dequantized = DequantizedWeights(self.model.step_precision, linears, dtype)
             self._held += 1
 
     def prepare(self, tokens: int) -> None:

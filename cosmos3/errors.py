@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-Problem = tuple[str, str]  # (field, message): the field a caller set wrongly, the rule it breaks and the fix
+FieldProblem = tuple[str, str]  # (field, message): the field a caller set wrongly, the rule it breaks and the fix
 
 
 class Cosmos3Error(Exception):
@@ -14,7 +14,7 @@ class Cosmos3Error(Exception):
     (the farm maps a field to its manifest line); it is empty when the error is not about a field.
     """
 
-    def __init__(self, message: str, problems: Sequence[Problem] = ()):
+    def __init__(self, message: str, problems: Sequence[FieldProblem] = ()):
         super().__init__(message)
         self.problems = tuple(problems)
 
@@ -22,7 +22,7 @@ class Cosmos3Error(Exception):
         return type(self), (str(self), self.problems)
 
     @classmethod
-    def listing(cls, subject: str, problems: Sequence[Problem]) -> Cosmos3Error:
+    def listing(cls, subject: str, problems: Sequence[FieldProblem]) -> Cosmos3Error:
         """One error listing every problem: ``2 problems in render request:`` then ``  field: message`` lines."""
         header = "1 problem" if len(problems) == 1 else f"{len(problems)} problems"
         return cls(f"{header} in {subject}:\n" + "\n".join(f"  {field}: {message}" for field, message in problems),

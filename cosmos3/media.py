@@ -93,9 +93,15 @@ def resize_cover_crop(frames: np.ndarray, height: int, width: int) -> torch.Tens
     return video.permute(1, 0, 2, 3).contiguous()  # [3, T, H, W]
 
 
-def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
+def host_frames(shape: tuple[int, int, int, int], device: torch.device) -> np.ndarray:
+    """An empty ``uint8 [T, H, W, 3]`` for frames decoded on ``device``: in pinned memory from a GPU (see
+    ``to_uint8_frames``), so each chunk's copy into it is as fast as the whole clip's was."""
+    return torch.empty(shape, dtype=torch.uint8, pin_memory=device.type == "cuda").numpy()
+
+
+def to_uint8_frames(video: torch.Tensor, out: np.ndarray | None = None) -> np.ndarray:
     """Decoded ``[3, T, H, W]`` in ``[-1, 1]`` -> C-contiguous ``uint8 [T, H, W, 3]``, the layout ffmpeg's pipe and
-    the PNG writer read.
+    the PNG writer read; into ``out`` (that shape, e.g. a slice of ``host_frames``'s) where given.
 
     The channel-last transpose runs where the video is: a transposed view handed to the host left the encoder
     a strided gather of a Nano clip's 522 MB, 1.8 s on the H200's host. From a GPU the frames come through pinned
@@ -104,8 +110,11 @@ def to_uint8_frames(video: torch.Tensor) -> np.ndarray:
     """
     levels = video.to(torch.float32, copy=True).div_(2).add_(0.5).clamp_(0, 1).mul_(255).round_()
     frames = levels.to(torch.uint8).permute(1, 2, 3, 0).contiguous()  # [T, H, W, 3]
-    if frames.device.type != "cuda":
-        return frames.numpy()
-    host = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=True)
-    host.copy_(frames)
-    return host.numpy()
+    if out is None:
+        if frames.device.type != "cuda":
+            return frames.numpy()
+        out = host_frames(tuple(frames.shape), frames.device)
+    if out.shape != tuple(frames.shape):
+        raise ValueError(f"out is {list(out.shape)}, the frames {list(frames.shape)}")
+    torch.from_numpy(out).copy_(frames)
+    return out

@@ -11,6 +11,9 @@ GEN passes, get the same guidance and their own scheduler, and decode to a float
     out = pipe(RenderRequest(task="t2v", prompt="..."), callback=lambda i, n: ...)
     out.frames, out.fps, out.sound, out.sampling_rate, out.timings, out.info
 
+``pipe(request, frames=sink)`` also hands the frames to a ``FrameSink`` while the VAE decodes them, chunk by chunk
+(a render worker's MP4 encode runs beside the decode); ``out.frames`` holds them all the same.
+
 ``from_pretrained(..., vae_load="background")`` (a render worker's) returns before the VAE (and the sound tokenizer,
 the audio VAE) are built; the first job waits for them only where it needs them, at its decode
 (``timings["vae_wait"]``).
@@ -22,7 +25,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, NamedTuple, get_args
+from typing import Literal, NamedTuple, Protocol, get_args
 
 import numpy as np
 import torch
@@ -31,14 +34,14 @@ from cosmos3 import load_transformer, ops
 from cosmos3.audio import SoundTokenizer
 from cosmos3.background_build import BackgroundBuild
 from cosmos3.cuda_graphs import enable_cuda_graphs
-from cosmos3.errors import BackgroundLoadError
-from cosmos3.media import load_image, load_video, resize_cover_crop, to_uint8_frames
+from cosmos3.errors import BackgroundLoadError, ConfigError
+from cosmos3.media import host_frames, load_image, load_video, resize_cover_crop, to_uint8_frames
 from cosmos3.prompt_tokenizer import PromptTokenizer
 from cosmos3.rules.cache_options import DEFAULT_CACHE, SeaCacheSettings, parse_cache
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, transformer_dir
 from cosmos3.rules.checkpoint_identity import fingerprint, identity
 from cosmos3.rules.config import SOUND_TOKENIZER_DIR, TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
-from cosmos3.rules.load_options import Precision
+from cosmos3.rules.load_options import Precision, parallel_problems
 from cosmos3.rules.model_card import tasks_of
 from cosmos3.rules.prompt import PromptSpec
 from cosmos3.rules.request import (
@@ -56,7 +59,7 @@ from cosmos3.step_cache import StepCache
 from cosmos3.timing import Clock, MemoryProbe, StepTimes
 from cosmos3.vae import VAEBuild, WanVAE
 
-__all__ = ["Cosmos3Pipeline", "RenderOutput", "RenderRequest"]
+__all__ = ["Cosmos3Pipeline", "FrameSink", "RenderOutput", "RenderRequest"]
 
 VAELoad = Literal["eager", "background"]  # from_pretrained's vae_load
 VAE_LOADS = get_args(VAELoad)
@@ -73,6 +76,20 @@ class RenderOutput:
     memory: dict  # MemoryProbe.report(): peak GPU bytes per stage and for the job (None on CPU)
     sound: np.ndarray | None = None  # float32 waveform [channels, N], N = frames / fps * sampling_rate
     sampling_rate: int | None = None  # Hz, as the sound tokenizer decodes
+
+
+class FrameSink(Protocol):
+    """Takes a render's frames while the VAE decodes them: ``start`` once the sound is decoded and before the first
+    frame is, then ``write`` with each chunk, in order. The chunks are views of ``RenderOutput.frames``, filled once
+    and never written again: a sink may keep them (a thread may read them) without a copy."""
+
+    def start(self, shape: tuple[int, int, int, int], fps: float, sound: np.ndarray | None,
+              sampling_rate: int | None) -> None:
+        """``shape``: the whole clip's ``[T, H, W, 3]``; ``sound``: float32 ``[channels, N]`` at ``sampling_rate`` Hz,
+        or None (silent)."""
+
+    def write(self, frames: np.ndarray) -> None:
+        """The next chunk, ``uint8 [T_chunk, H, W, 3]``."""
 
 
 class Branch(NamedTuple):
@@ -193,6 +210,8 @@ class Cosmos3Pipeline:
         """
         root = Path(checkpoint_dir)
         cache_settings = parse_cache(cache)
+        if found := parallel_problems(parallel):  # before any thread starts; a given ``model`` too runs on one GPU
+            raise ConfigError.listing("load options", found)
         check_layout(root)
         # The checkpoint as it is before anything loads: what every sidecar names (the farm's config hash holds it).
         checkpoint = identity(root.resolve(), fingerprint(root.resolve()).sha256)
@@ -205,8 +224,8 @@ class Cosmos3Pipeline:
         # Loaded here, not in the first job; its seconds are the first load's in this process, whoever asked.
         ops_seconds = ops.load_cuda_ops().seconds if device.type == "cuda" else None
         # Threads that import under LIBRARY_IMPORT, all beside the transformer's load: the text tokenizer's takes it
-        # first, then the VAE's and the sound tokenizer's (diffusers). Started after the VAE's, the tokenizer waited
-        # for diffusers' whole import (4.4 of a tiny checkpoint's 4.5 s of load on the CPU).
+        # first, then the VAE's and the sound tokenizer's (diffusers): behind the VAE's, the tokenizer, which a worker
+        # needs before its first job, would wait for diffusers' whole import.
         tokenizer_load = PromptTokenizer.load_in_background(root / TEXT_TOKENIZER_DIR)
         timings = {"ops": ops_seconds}
         config = Cosmos3Config.from_json(transformer_dir(root) / "config.json")
@@ -349,7 +368,10 @@ class Cosmos3Pipeline:
     # -- the job -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def __call__(self, request: RenderRequest, callback: Callable[[int, int], None] | None = None) -> RenderOutput:
+    def __call__(self, request: RenderRequest, callback: Callable[[int, int], None] | None = None,
+                 frames: FrameSink | None = None) -> RenderOutput:
+        """Renders ``request``; ``callback(step, steps)`` after each denoising step; ``frames`` takes the frames as
+        the VAE decodes them (``FrameSink``)."""
         clock, memory = Clock(self.device), MemoryProbe(self.device)
         start = clock()
         plan = resolve(request, self.rules)  # a refused request is the request's fault: it never waits for the VAE
@@ -418,10 +440,20 @@ class Cosmos3Pipeline:
         vae_wait = encode_wait + sum(build.wait() for build in decoders)
         vae = self.vae
         decode_start = clock()
-        frames = to_uint8_frames(vae.decode(latents))  # [T, H, W, 3]
         waveform = None
         if sound is not None:  # the decoder rounds up to whole hops; the clip's duration is plan.sound_samples
             waveform = self.sound_tokenizer.decode(sound)[:, : plan.sound_samples].cpu().numpy()  # [ch, N]
+        sampling_rate = None if waveform is None else self.sound.config.sampling_rate
+        shape = (plan.frames, plan.height, plan.width, 3)
+        if frames is not None:  # the sound first: a sink muxes it as the frames come
+            frames.start(shape, plan.fps, waveform, sampling_rate)
+        video = host_frames(shape, self.device)  # [T, H, W, 3], filled chunk by chunk
+        done = 0
+        for chunk in vae.decode_chunks(latents):  # [3, T_chunk, H, W]
+            part = to_uint8_frames(chunk, out=video[done:done + chunk.shape[1]])
+            done += len(part)
+            if frames is not None:
+                frames.write(part)
         end = clock()
         memory.mark("vae_decode")
         timings = {
@@ -435,9 +467,9 @@ class Cosmos3Pipeline:
             "total": end - start,
         }
         return RenderOutput(
-            frames=frames, fps=plan.fps, timings=timings, info=self._info(plan, scheduler, cache),
+            frames=video, fps=plan.fps, timings=timings, info=self._info(plan, scheduler, cache),
             memory={**memory.report(), "vae_decode_tiled": vae.last_decode_tiled},
-            sound=waveform, sampling_rate=None if waveform is None else self.sound.config.sampling_rate,
+            sound=waveform, sampling_rate=sampling_rate,
         )
 
     def _step_cache(self, plan: RenderPlan, scheduler) -> StepCache | None:

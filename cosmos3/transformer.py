@@ -25,6 +25,7 @@ from cosmos3.layers.mlp import GatedMLP
 from cosmos3.layers.norm import RMSNorm
 from cosmos3.layers.rope import MRoPE, grid_positions, text_positions
 from cosmos3.quant import UNQUANTIZED, get_quant_method
+from cosmos3.quant.step_precision import StepPrecision
 from cosmos3.rules.config import Cosmos3Config
 
 VAE_TEMPORAL_COMPRESSION = 4  # Wan 2.2 VAE: 4 pixel frames per latent frame (fps modulation uses it)
@@ -139,7 +140,10 @@ class Cosmos3Transformer(nn.Module):
         self.precision = precision
         self.fp8_accumulation = None if precision == "bf16" else fp8_accumulation  # how its FP8 GEMMs sum
         self.dtype = dtype
-        self.attention = AttentionKernels(attention, config.head_dim)
+        # The precision a step runs: the step controller sets it, the CUDA graphs read it, the GEN linears and the
+        # attention obey it.
+        self.step_precision = StepPrecision()
+        self.attention = AttentionKernels(attention, config.head_dim, self.step_precision)
         self.step_controller = None  # set by the loader when a step policy is in force
         # The last layer's UND MLP output is never read (GEN needs only its K/V), so it is
         # skipped; FP8 calibration turns this off so every projection sees activations.

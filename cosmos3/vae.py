@@ -8,8 +8,9 @@ pixel frame 0 only on latent frame 0. The pipeline relies on this to encode only
 On CUDA the decode runs fastvae's fused, temporally chunked Wan decoder where the ``fast-vae`` extra is installed
 (https://github.com/Occipital-Labs/fastvae, MIT; Triton norm+SiLU kernels, channels-last convolutions, the causal
 cache carried from chunk to chunk, so chunking changes no output): a 720p/189-frame clip in 5.42 s against diffusers'
-9.96 s on the H100, PSNR 51.1 dB against diffusers' frames (benchmarks/results/h100-vae-decode.md). Elsewhere, and
-for the encode, diffusers' model runs.
+9.96 s on the H100, PSNR 51.1 dB against diffusers' frames (benchmarks/results/h100-vae-decode.md); ``decode_chunks``
+hands each chunk on as it is done (a worker encodes the clip's MP4 beside its decode). Elsewhere, and for the encode,
+diffusers' model runs.
 
 ``VAEBuild`` builds one in a thread (``cosmos3.background_build``), so a pipeline can be ready before diffusers'
 import (5-6 s on the CPU machine, 12-17 s on the H200 host: benchmarks/results/h200-render.md) and the weights
@@ -18,6 +19,7 @@ are; what can be checked without diffusers is checked first, in the caller (``ch
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -114,11 +116,39 @@ class WanVAE:
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents ``[C, T', H', W']`` -> pixels ``[3, T, H, W]`` in ``[-1, 1]``."""
-        z = latents.to(self.dtype) / self.inv_std + self.mean
-        if self._fast is not None:  # chunks of DECODE_CHUNK_FRAMES, never spatial tiles
-            self.last_decode_tiled = False
-            return self._fast.decode(z.unsqueeze(0), chunk_frames=DECODE_CHUNK_FRAMES)[0]
-        _, t, h, w = latents.shape
+        chunks = list(self.decode_chunks(latents))
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=1)
+
+    @torch.no_grad()
+    def decode_chunks(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        """Normalised latents ``[C, T', H', W']`` -> pixels in ``[-1, 1]``, in temporal order, as chunks
+        ``[3, T_chunk, H, W]`` the decoder finishes one by one (so a caller can use each while the next decodes).
+        fastvae's: the first latent frame alone (one pixel frame), then DECODE_CHUNK_FRAMES latent frames a chunk
+        (temporal_factor pixel frames each), never spatial tiles; diffusers': the whole clip, one chunk."""
+        z = (latents.to(self.dtype) / self.inv_std + self.mean).unsqueeze(0)  # [1, C, T', H', W']
+        if self._fast is None:
+            yield self._diffusers_decode(z)
+            return
+        self.last_decode_tiled = False
+        # fastvae's own chunk loop (FastVAEDecoder.decode) assembles the whole clip on the device; this one is
+        # that loop through the same decoder core, its causal cache carried across chunks, each chunk handed on.
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        core = self._fast.core
+        x = core.apply_post_quant(z)  # [1, C, T', H', W'], channels-last
+        cache = core.new_cache()
+        start, total = 0, z.shape[2]
+        while start < total:
+            end = 1 if start == 0 else min(start + DECODE_CHUNK_FRAMES, total)
+            pixels = core.decode_chunk(x[:, :, start:end], cache, first_chunk=start == 0)
+            if core.patch_size is not None:
+                pixels = unpatchify(pixels, core.patch_size)
+            yield pixels.clamp_(-1.0, 1.0)[0]  # [3, T_chunk, H, W]
+            start = end
+
+    def _diffusers_decode(self, z: torch.Tensor) -> torch.Tensor:
+        """``[1, C, T', H', W']`` un-normalised latents -> ``[3, T, H, W]``, spatially tiled only where needed."""
+        _, _, t, h, w = z.shape
         pixels = ((t - 1) * self.config.temporal_factor + 1) * h * w * self.config.spatial_factor**2
         tiled = self._tile(pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * self.dtype.itemsize)
         if tiled:
@@ -126,7 +156,7 @@ class WanVAE:
         else:
             self.vae.disable_tiling()
         self.last_decode_tiled = tiled
-        return self.vae.decode(z.unsqueeze(0)).sample[0]
+        return self.vae.decode(z).sample[0]
 
     def _tile(self, untiled_bytes: int) -> bool:
         """Tile only when an untiled decode would not fit in what the device has free (its own cache included)."""

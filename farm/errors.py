@@ -67,5 +67,10 @@ class JobFault(FarmError):
     attempt fails without counting against the worker."""
 
 
+class InputChanged(FarmError):
+    """A job's input (image, video) is no longer the file its config hash was made from: the job's, not its worker's;
+    retrying cannot help until a new `farm submit` hashes the file as it is."""
+
+
 class OutputPathError(FarmError):
     """A job's output path leads out of output.root (a symlink) or into the farm's records: the job's fault."""

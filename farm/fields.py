@@ -7,12 +7,12 @@ The message of `Invalid` is the rule, written to follow `<field>: ` in an error 
 from __future__ import annotations
 
 import collections
-import math
 import re
 from collections.abc import Callable
 from typing import Any
 
 from cosmos3.rules.request import shown
+from cosmos3.rules.values import is_int, is_number
 
 Checker = Callable[[Any], Any]
 
@@ -35,8 +35,7 @@ def _got(value: Any) -> str:
 
 def integer(minimum: int, maximum: int) -> Checker:
     def check(value: Any) -> int:
-        # bool is an int in Python but `steps: yes` is a mistake, not 1.
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):  # `steps: yes` is a mistake, not 1
             raise Invalid(f"expected an integer, {_got(value)}")
         if not minimum <= value <= maximum:
             raise Invalid(f"{shown(value)} is outside the limits [{minimum:,}, {maximum:,}]")
@@ -59,11 +58,6 @@ def text(*, required: bool = False) -> Checker:
 def anything(value: Any) -> Any:
     """A value checked elsewhere (by cosmos3), passed on as written."""
     return value
-
-
-def yaml_off(value: Any) -> Any:
-    """YAML 1.1 reads a bare `off` as false: `step_precision: off` must still mean "off"."""
-    return "off" if value is False else value
 
 
 def identifier(value: Any) -> str:
@@ -90,9 +84,7 @@ def timeout(value: Any) -> float:
 
 def _seconds(value: Any) -> float | int:
     """A number as written (an int of any size stays exact: float() of 1e400 overflows), or a duration string."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
+    if is_number(value):
         return value
     match = _DURATION.fullmatch(value) if isinstance(value, str) and value else None
     if not match or not any(match.groups()):

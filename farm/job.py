@@ -70,6 +70,7 @@ class Job:
     media: str  # absolute path of the PNG or MP4 this job publishes
     config_hash: str  # everything that changes the pixels; a sidecar with another hash is not "done"
     wav: str | None = None  # absolute path of the WAV of the clip's sound (`outputs: [mp4, wav]`), else None
+    inputs: tuple[tuple[str, str], ...] = ()  # (path, sha256) of its image or video, as the config hash took it
 
     @property
     def files(self) -> tuple[str, ...]:

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.errors import CheckpointError, ConfigError
-from cosmos3.errors import Problem as FieldProblem
+from cosmos3.errors import CheckpointError, ConfigError, FieldProblem
 from cosmos3.rules import checkpoint_header, checkpoint_identity, load_options
 from cosmos3.rules import request as requests
 from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
 from cosmos3.rules.load_options import LoadOptions
 from cosmos3.rules.request import RenderRequest, RequestRules, shown
+from cosmos3.rules.values import yaml_off
 from farm import document, fields, records, storage, terminal
 from farm import template as templates
 from farm.document import Document, Path_, format_path
@@ -46,7 +46,7 @@ _LOAD_OPTIONS = tuple(f.name for f in dataclasses.fields(LoadOptions))
 # Request fields a manifest spells differently: `size: [width, height]`.
 _YAML_KEY: dict[str, Path_] = {"width": ("size", 0), "height": ("size", 1)}
 # Model keys whose YAML value needs reading first: YAML 1.1 turns a bare `off` into false.
-_READ_MODEL_KEY: dict[str, fields.Checker] = {"step_precision": fields.yaml_off, "cache": fields.yaml_off}
+_READ_MODEL_KEY: dict[str, fields.Checker] = {"step_precision": yaml_off, "cache": yaml_off}
 _INPUT_FIELDS = ("image", "video")  # file paths, resolved against the manifest's folder
 
 _TOP_KEYS = {"version": True, "name": True, "model": True, "output": True, "defaults": False, "jobs": True}
@@ -186,7 +186,6 @@ class _Resolver:
         found = load_options.problems(config, options)
         for problem in found:
             self.field_error(("model", *problem[0].split(".")), problem)
-        self._one_gpu_per_worker(options, found)
         try:
             measured = checkpoint_identity.fingerprint(root)
         except CheckpointError as err:
@@ -213,16 +212,6 @@ class _Resolver:
         except (ConfigError, CheckpointError) as err:
             self.error(where, str(err))
             return None
-
-    def _one_gpu_per_worker(self, options: LoadOptions, found: list[FieldProblem]) -> None:
-        """The farm's own rule: a worker owns exactly one GPU (num_gpus=1), so no axis can be above 1."""
-        refused = {field for field, _ in found}
-        if not isinstance(options.parallel, dict):
-            return  # None, or refused by cosmos3
-        for axis, size in options.parallel.items():
-            if size != 1 and f"parallel.{axis}" not in refused:
-                self.error(("model", "parallel", axis),
-                           f"the farm runs one GPU per worker; parallel.{axis}={size} is not supported (set it to 1)")
 
     def _output(self, raw: dict | None) -> tuple[Path | None, str | None]:
         if raw is None:
@@ -447,8 +436,9 @@ class _Resolver:
             steps=request.steps)))
         media = root / (relative + (".png" if request.task == "t2i" else ".mp4"))
         wav = str(wav_beside(media)) if "wav" in outputs else None
+        inputs = tuple((path, self._input_hash(path)) for path in (request.image, request.video) if path)
         return Job(key=key, id=job_id, order=order, request=request, media=str(media), wav=wav,
-                   config_hash=config_hash(request, model, self._input_hash, outputs), **run)
+                   config_hash=config_hash(request, model, self._input_hash, outputs), inputs=inputs, **run)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -483,6 +473,5 @@ class _Resolver:
 
     def _input_hash(self, path: str) -> str:
         if path not in self._input_hashes:
-            with open(path, "rb") as handle:  # an input may be a link to the user's file: followed here
-                self._input_hashes[path] = storage.hash_handle(handle)[0]  # in chunks: an input may be gigabytes
+            self._input_hashes[path] = storage.input_sha256(path)
         return self._input_hashes[path]

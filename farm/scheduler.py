@@ -13,7 +13,8 @@ nothing until one has ended. A job is done when its publish has returned and ver
 Failure policies:
 - a job the model refuses (cosmos3's PipelineError or ConfigError: the user's mistake) fails at once, without
   retries, and does not count against its worker; so does a job with sound when the checkpoint's sound tokenizer
-  did not build (SoundTokenizerLoadError: no worker could make its sound), while its silent jobs render;
+  did not build (SoundTokenizerLoadError: no worker could make its sound), while its silent jobs render, and a job
+  whose image or video changed since its config hash took it (InputChanged);
 - any other failed attempt is requeued, on a *different* worker while one that has not failed it is alive;
 - Ray has no task timeout, so an attempt past its job's timeout gets its worker killed and replaced;
 - a worker is retired for the run (a bad GPU) once RETIRE_AFTER different jobs it failed in a row have rendered
@@ -53,7 +54,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from cosmos3.errors import ConfigError, PipelineError, SoundTokenizerLoadError
 from farm import storage
-from farm.errors import JobFault, OutputPathError, StorageFault, WorkerStartError
+from farm.errors import InputChanged, JobFault, OutputPathError, StorageFault, WorkerStartError
 from farm.events import RunLog
 from farm.job import Job, JobState
 from farm.metrics import RunMetrics
@@ -63,7 +64,7 @@ RETIRE_AFTER = 3  # Deadline's and Flamenco's bad-worker threshold
 JOB_FAULT_AFTER = 2  # different workers a job failed on: then it is the job, not them
 # A job every worker would refuse: the model's rules, an output path that leads out of the root (a symlink made
 # after validation), or sound from a checkpoint whose sound tokenizer diffusers could not build.
-USER_ERRORS = (PipelineError, ConfigError, OutputPathError, SoundTokenizerLoadError)
+USER_ERRORS = (PipelineError, ConfigError, OutputPathError, SoundTokenizerLoadError, InputChanged)
 KILL_WAIT = 30.0  # seconds to wait for a killed worker's process to be gone
 
 

@@ -302,6 +302,19 @@ def open_regular(path: str | Path) -> IO[bytes]:
     return handle
 
 
+def input_sha256(path: str | Path) -> str:
+    """The sha256 of a job's input (an i2v image, a v2v video), as its config hash takes it and as a worker checks
+    it before and after it renders: a link is followed (an input may be a link to the user's file), but only a
+    regular file is read, never blocking on a FIFO.
+
+    # Raises: OSError (EINVAL: not a regular file).
+    """
+    with open(path, "rb", opener=lambda p, _: os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)) as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        return hash_handle(handle)[0]  # in chunks: an input may be gigabytes
+
+
 def sha256_file(path: Path) -> tuple[str, int]:
     """The sha256 and size of the regular file at `path`, never read through a link.
 

@@ -57,8 +57,9 @@ def _check_layout(template: str, shape: str, reserved: str) -> None:
         raise TemplateError(f"{template!r} holds {character}, {terminal.NOT_A_NAME}")
     if shape.startswith("/") or ".." in components:
         raise TemplateError(f"{template!r} leaves output.root; {fix}")
-    if components[0] == reserved:
-        raise TemplateError(f"{template!r} writes into {reserved}/, the farm's own records; {fix}")
+    if reserved in components:  # at any depth: a folder holding `.farm/` is an output root (`farm.claims`)
+        raise TemplateError(f"{template!r} writes into a folder named {reserved}/, the farm's own records (a folder "
+                            f"holding one is an output root); {fix}")
     if components[-1] in ("", "."):
         raise TemplateError(f"{template!r} names a folder, not a file; end it with a name such as {{id}}_s{{seed}}")
 
@@ -70,7 +71,8 @@ def render(template: str, values: dict[str, Any]) -> str:
 
 def check_target(root: str | Path, media: str | Path, reserved: str) -> Path:
     """Where `media` will really be written, its folder's symlinks resolved: refused unless inside `root` and
-    outside `root/reserved` (the farm's records). Run for every job at plan time and again at publish.
+    outside every folder named `reserved` below it (the farm's records: a folder holding one is an output root).
+    Run for every job at plan time and again at publish.
 
     # Raises: OutputPathError naming the symlink that leads out, if one does.
     """
@@ -81,6 +83,9 @@ def check_target(root: str | Path, media: str | Path, reserved: str) -> Path:
         link = next((p for p in reversed(media.parents) if p.is_relative_to(root) and p.is_symlink()), None)
         through = f" through the symlink {link} -> {os.readlink(link)}" if link else ""
         raise OutputPathError(f"{media} leads to {real}{through}, outside output.root {real_root}")
-    if real.is_relative_to(real_root / reserved):
-        raise OutputPathError(f"{media} is inside {real_root / reserved}, the farm's own records")
+    parts = real.relative_to(real_root).parts
+    if reserved in parts:
+        records = real_root.joinpath(*parts[:parts.index(reserved) + 1])
+        raise OutputPathError(f"{media} is inside {records}, the farm's own records (a folder holding one is an "
+                              f"output root)")
     return real

@@ -26,7 +26,7 @@ from cosmos3.errors import BackgroundLoadError, CheckpointError, SoundTokenizerL
 from cosmos3.rules import checkpoint_identity
 from cosmos3.rules.request import RenderRequest
 from farm import metrics, storage
-from farm.errors import JobFault, WorkerStartError
+from farm.errors import InputChanged, JobFault, WorkerStartError
 from farm.job import Job, ModelSpec
 from worker import bytecode, encode, gpu_telemetry
 from worker.gpu import check_assignment, check_gpu_memory, configure_cuda_allocator, cuda_device_facts
@@ -70,8 +70,11 @@ class Renderer(Protocol):
     def warm_up(self) -> None:
         """Pays at the worker's start what its first job would otherwise pay (builds, a GPU's set-up per size)."""
 
-    def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
-        """Raises cosmos3's PipelineError for a request it refuses: the job's fault, not the worker's; and
+    def __call__(self, request: RenderRequest, callback: StepCallback, frames: encode.Mp4Stream | None = None
+                 ) -> Output:
+        """``frames``: a clip's MP4 encode, which a renderer may feed as it decodes (``cosmos3.pipeline.FrameSink``;
+        one it never started encodes the whole clip at the publish). Raises cosmos3's PipelineError for a request it
+        refuses: the job's fault, not the worker's; and
         cosmos3's BackgroundLoadError when what it loads after start failed: the worker's start, not the job (its
         SoundTokenizerLoadError only for a job with sound: that job cannot render on any worker)."""
 
@@ -90,8 +93,9 @@ class _Cosmos3Renderer:
     def warm_up(self) -> None:
         self._pipeline.warm_up()
 
-    def __call__(self, request: RenderRequest, callback: StepCallback) -> Output:
-        return self._pipeline(request, callback=callback)
+    def __call__(self, request: RenderRequest, callback: StepCallback, frames: encode.Mp4Stream | None = None
+                 ) -> Output:
+        return self._pipeline(request, callback=callback, frames=frames)
 
 
 PROGRESS_EVERY = 10.0  # seconds between a long job's progress lines
@@ -155,6 +159,22 @@ def _measure(model: ModelSpec) -> checkpoint_identity.Fingerprint:
     return found
 
 
+def _check_inputs(job: Job) -> None:
+    """The job's image or video is still the file its config hash was made from: a render made from another file
+    would be published, and counted done, under that hash (and again after the file is put back).
+
+    # Raises: InputChanged naming the file and the fix.
+    """
+    for path, sha256 in job.inputs:
+        try:
+            same = storage.input_sha256(path) == sha256
+        except OSError:
+            same = False
+        if not same:
+            raise InputChanged(f"{path} is not the file farm submit hashed into job {job.key}'s config hash (it "
+                               f"changed, or was removed, since); run farm submit again to render from it as it is")
+
+
 def _out_of_memory() -> tuple[type[BaseException], ...]:
     """Host and GPU out-of-memory errors; torch's only where this process imported it (a fake renderer does not)."""
     torch = sys.modules.get("torch")
@@ -176,10 +196,12 @@ def settle_heap() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Rendered:
-    """A render waiting for its publish: the pipeline's output, its soundtrack, and when it started and ended."""
+    """A render waiting for its publish: the pipeline's output, its soundtrack, its clip's MP4 encode (under way
+    since the decode began; None for a still), and when it started and ended."""
 
     output: Output
     sound: encode.Soundtrack | None
+    clip: encode.Mp4Stream | None
     started: float  # time.time()
     rendered: float
     telemetry: dict  # the GPU's clock and power while it rendered, see gpu_telemetry.FIELDS
@@ -248,23 +270,36 @@ class RenderWorker:
         settle_heap()  # before the job's clock
         started = time.time()
         gauges = self._gpu_gauges
+        _check_inputs(job)  # what the renderer is about to read is what the config hash took
+        # A clip's MP4 encodes beside its decode, fed chunk by chunk; the publish waits for its end.
+        clip = None if job.request.task == "t2i" else encode.Mp4Stream()
         try:
             with gpu_telemetry.Sampler(self._telemetry, on_sample=None if gauges is None else gauges.sample) as sampler:
-                output = self._renderer(job.request, StepProgress(self._progress, job.key))
+                output = self._run(job, clip)
+            _check_inputs(job)  # and it did not change while the renderer read it
+            sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
+            if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
+                raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
+        except BaseException:
+            if clip is not None:  # the render failed: its encode stops and leaves nothing behind
+                clip.close()
+            raise
+        telemetry = sampler.summary()
+        if gauges is not None:
+            gauges.job(telemetry)
+        self._rendered[(job.key, attempt)] = _Rendered(output, sound, clip, started, time.time(), telemetry)
+        return {"key": job.key, "attempt": attempt}
+
+    def _run(self, job: Job, clip: encode.Mp4Stream | None) -> Output:
+        """The renderer's call, its failures told apart for the driver."""
+        try:
+            return self._renderer(job.request, StepProgress(self._progress, job.key), frames=clip)
         except SoundTokenizerLoadError:  # this job's sound, on every worker: the driver refuses the job
             raise
         except BackgroundLoadError as err:  # the driver treats it as this worker's failed start
             raise WorkerStartError(str(err)) from None
         except _out_of_memory() as err:  # the job's size, not the worker: the driver does not count it against it
             raise JobFault(f"{type(err).__name__}: {err}") from None
-        sound = None if output.sound is None else encode.Soundtrack(output.sound, output.sampling_rate)
-        if job.wav is not None and sound is None:  # the manifest asks for sound whenever it asks for a WAV
-            raise RuntimeError(f"job {job.key} asks for {Path(job.wav).name}, but the render came back silent")
-        telemetry = sampler.summary()
-        if gauges is not None:
-            gauges.job(telemetry)
-        self._rendered[(job.key, attempt)] = _Rendered(output, sound, started, time.time(), telemetry)
-        return {"key": job.key, "attempt": attempt}
 
     def publish(self, job: Job, attempt: int) -> dict[str, Any]:
         """Publishes what `render` kept for this attempt: media (its sound muxed in), the WAV if asked, then the
@@ -272,31 +307,37 @@ class RenderWorker:
         the worker's next render (the actor has two threads), so the GPU does not wait for an encode. Returns a
         small summary for the driver."""
         kept = self._rendered.pop((job.key, attempt))
-        output, sound = kept.output, kept.sound
+        output, sound, clip = kept.output, kept.sound, kept.clip
         encoded: list[float] = []
 
         def write(out: IO[bytes]) -> None:
-            encode.write_media(output.frames, output.fps, out, image=job.request.task == "t2i", sound=sound)
-            encoded.append(time.time() - publish_started)
+            encode.write_media(output.frames, output.fps, out, image=clip is None, sound=sound, stream=clip)
+            streamed = clip is not None and clip.seconds is not None  # since its decode began, beside it
+            encoded.append(clip.seconds if streamed else time.time() - publish_started)
 
         publish_started = time.time()
-        with storage.Publication(self._origin["root"]) as publication:
-            media = publication.file(Path(job.media), write)
-            wav = None if job.wav is None else publication.file(Path(job.wav), lambda out: encode.write_wav(sound, out))
-            finished = time.time()
-            # publish = media_encode (PNG / MP4) + hashing, fsync and the rename
-            timings = {**output.timings, "media_encode": encoded[0], "publish": finished - publish_started}
-            figures = self._figures(kept, timings)
-            record = storage.sidecar_record(
-                job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
-                manifest=self._origin, worker=self._identity,
-                checkpoint=checkpoint_identity.identity(self._model.checkpoint, self._model.fingerprint),
-                precision=output.info.get("precision"),
-                fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
-                attention=output.info.get("attention"), cache=output.info.get("cache"),
-                started=kept.started, finished=finished, **figures,
-            )
-            publication.json(storage.sidecar_path(job.media), record)
+        try:
+            with storage.Publication(self._origin["root"]) as publication:
+                media = publication.file(Path(job.media), write)
+                wav = None if job.wav is None else publication.file(Path(job.wav),
+                                                                    lambda out: encode.write_wav(sound, out))
+                finished = time.time()
+                # publish: an encode's part after the render (a still's whole), then hashing, fsync and the renames
+                timings = {**output.timings, "media_encode": encoded[0], "publish": finished - publish_started}
+                figures = self._figures(kept, timings)
+                record = storage.sidecar_record(
+                    job, self._origin["run"], attempt, media, wav, sound=None if sound is None else sound.record(),
+                    manifest=self._origin, worker=self._identity,
+                    checkpoint=checkpoint_identity.identity(self._model.checkpoint, self._model.fingerprint),
+                    precision=output.info.get("precision"),
+                    fp8_accumulation=output.info.get("fp8_accumulation"), step_policy=output.info.get("step_policy"),
+                    attention=output.info.get("attention"), cache=output.info.get("cache"),
+                    started=kept.started, finished=finished, **figures,
+                )
+                publication.json(storage.sidecar_path(job.media), record)
+        finally:
+            if clip is not None:
+                clip.close()  # its scratch; ffmpeg too where the publish failed before the encode ended
         return {"key": job.key, "attempt": attempt, "sha256": media[0], "figures": figures,
                 "started": kept.started, "finished": time.time()}
 

@@ -1,6 +1,10 @@
 """Frames -> files: one PNG for an image, an H.264 MP4 for a video (with an AAC track when it has sound),
 and a 16-bit PCM WAV of the sound on request.
 
+A clip's MP4 is an `Mp4Stream`: ffmpeg starts before the first frame is decoded and a thread feeds it each chunk of
+frames as the pipeline decodes it, so once the decode ends only its last chunk's encode is left (`write_mp4`
+streams a whole clip the same way: one command, so the same bytes however the frames were cut).
+
 Each writer fills `out`: the binary handle of the temp file `farm.storage.publish` created (or a path, opened
 here), so formats are given explicitly rather than guessed from a name. Files are encoded and read back in
 local scratch space or memory, then copied through the handle, never reopened by name in the output folder.
@@ -12,10 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -118,25 +125,120 @@ def write_mp4(frames: np.ndarray, fps: float, out: Target, sound: Soundtrack | N
     """Writes an H.264 MP4 (plus an AAC track of ``sound``) through imageio-ffmpeg's bundled ffmpeg; ``preset``
     is x264's (benchmarks compare them)."""
     _check(frames)  # [T, H, W, 3]
-    if sound is not None and sound.sampling_rate not in AAC_RATES:
-        raise ValueError(
-            f"sound at {sound.sampling_rate} Hz cannot be an AAC track without resampling; "
-            f"AAC carries {', '.join(map(str, AAC_RATES))} Hz"
-        )
-    # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
-    # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
-    # and only this process copies the result to `out`.
-    with _scratch() as scratch:
+    with Mp4Stream(preset=preset) as stream:
+        stream.start(frames.shape, fps, *((sound.waveform, sound.sampling_rate) if sound else (None, None)))
+        stream.write(frames)
+        stream.finish(out)
+
+
+class Mp4Stream:
+    """An H.264 MP4 (with an AAC track of the sound) encoded from chunks of frames as they come: a
+    `cosmos3.pipeline.FrameSink`. `start` writes the sound's WAV and starts ffmpeg; each `write` queues a chunk that a
+    thread feeds to ffmpeg's pipe, so the caller never waits for the encoder; `finish` waits for the encode of every
+    chunk, checks the file and copies it to `out`; `close` (or leaving a `with`) ends a stream that did not finish,
+    ffmpeg included, and removes its scratch. Chunks are kept, not copied, until fed: the caller must not change them.
+    """
+
+    def __init__(self, *, preset: str = MP4_PRESET):
+        self._preset = preset
+        self._chunks: queue.SimpleQueue[np.ndarray | None] = queue.SimpleQueue()  # None: no more chunks
+        self._scratch: tempfile.TemporaryDirectory | None = None
+        self._process: subprocess.Popen | None = None
+        self._feeder: threading.Thread | None = None
+        self._shape: tuple[int, int, int, int] | None = None  # [T, H, W, 3] of the whole clip
+        self._started_at = 0.0
+        self.seconds: float | None = None  # from start until the MP4 was in `out` (finish)
+
+    def __enter__(self) -> Mp4Stream:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    @property
+    def started(self) -> bool:
+        return self._process is not None
+
+    def start(self, shape: tuple[int, int, int, int], fps: float, sound: np.ndarray | None = None,
+              sampling_rate: int | None = None) -> None:
+        """``shape``: the clip's ``[T, H, W, 3]``; ``sound``: float ``[channels, N]`` at ``sampling_rate`` Hz."""
+        track = None if sound is None else Soundtrack(sound, sampling_rate)
+        if track is not None and track.sampling_rate not in AAC_RATES:
+            raise ValueError(
+                f"sound at {track.sampling_rate} Hz cannot be an AAC track without resampling; "
+                f"AAC carries {', '.join(map(str, AAC_RATES))} Hz"
+            )
+        self._started_at = time.perf_counter()
+        self._shape = tuple(shape)
+        count, height, width, _ = self._shape
+        # ffmpeg is a child process: if this worker is killed mid-encode, ffmpeg outlives it and would finish
+        # its file after the driver has swept the attempt's temp files. So it writes to local scratch space,
+        # and only this process copies the result to `out`.
+        self._scratch = _scratch()
+        scratch = Path(self._scratch.name)
         # H.264 at crf 18 stays below the yuv420p frames' size (half of rgb24); the WAV is float32.
-        _check_space(Path(scratch), frames.nbytes // 2 + (sound.waveform.nbytes if sound else 0), "encoding")
-        local = Path(scratch) / "video.mp4"
+        _check_space(scratch, count * height * width * 3 // 2 + (track.waveform.nbytes if track else 0), "encoding")
         audio = None
-        if sound is not None:  # float WAV, so the AAC encoder sees the decoded samples, not a 16-bit copy
-            audio = Path(scratch) / "sound.wav"
-            _encode_wav(sound, audio, codec="pcm_f32le")
-        _encode_h264(frames, fps, local, audio, preset)
-        _read_back_mp4(local, frames)
-        _copy(local, out, "publishing the MP4")
+        if track is not None:  # float WAV, so the AAC encoder sees the decoded samples, not a 16-bit copy
+            audio = scratch / "sound.wav"
+            _encode_wav(track, audio, codec="pcm_f32le")
+        self._local = scratch / "video.mp4"
+        self._log = scratch / "ffmpeg.log"  # a file, not a pipe: ffmpeg never blocks on a log nobody reads
+        command = _ffmpeg_command(_h264_arguments(width, height, fps, audio, self._preset), self._local)
+        with open(self._log, "wb") as log:
+            self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
+        self._feeder = threading.Thread(target=self._feed, name="mp4-feed", daemon=True)
+        self._feeder.start()
+
+    def write(self, frames: np.ndarray) -> None:
+        """Queues the next chunk, ``uint8 [T_chunk, H, W, 3]``, for the encoder."""
+        _check(frames)
+        if not self.started:
+            raise RuntimeError("Mp4Stream.write before start")
+        self._chunks.put(frames)
+
+    def _feed(self) -> None:
+        """The thread: each queued chunk into ffmpeg's pipe, then closes it. A pipe ffmpeg closed (it failed) takes
+        no more; `finish` reports ffmpeg's own error."""
+        pipe = self._process.stdin
+        while (frames := self._chunks.get()) is not None:
+            if pipe.closed:
+                continue
+            try:
+                pipe.write(memoryview(np.ascontiguousarray(frames).reshape(-1)))
+            except OSError:  # BrokenPipeError: ffmpeg exited
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+    def finish(self, out: Target) -> None:
+        """Waits for ffmpeg to encode every chunk written, checks the file holds the whole clip, copies it to `out`.
+
+        # Raises: EncodeError (ffmpeg failed, or the file is not the clip), StorageFault (no space).
+        """
+        if not self.started:
+            raise RuntimeError("Mp4Stream.finish before start")
+        self._chunks.put(None)
+        self._feeder.join()
+        returncode = self._process.wait()
+        if returncode != 0:
+            raise _ffmpeg_failure(returncode, self._log.read_bytes(), self._local)
+        _read_back_mp4(self._local, self._shape)
+        _copy(self._local, out, "publishing the MP4")
+        self.seconds = time.perf_counter() - self._started_at
+
+    def close(self) -> None:
+        """Stops ffmpeg if it still runs and removes the scratch (the MP4 was copied out, or is not wanted)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        if self._feeder is not None:
+            self._chunks.put(None)
+            self._feeder.join()
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
 
 
 def write_wav(sound: Soundtrack, out: Target) -> None:
@@ -175,27 +277,36 @@ def _size(count: int) -> str:
     return f"{count} bytes"
 
 
+def _ffmpeg_command(arguments: list[str], path: Path) -> list[str]:
+    return [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", *arguments, str(path)]
+
+
 def _ffmpeg(arguments: list[str], stdin: np.ndarray, path: Path) -> None:
     """Runs the bundled ffmpeg with `stdin` as its input and checks its exit status (imageio-ffmpeg's writer
     does not: on a full disk ffmpeg logs "Error writing trailer" and leaves a truncated file)."""
-    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", *arguments, str(path)]
     raw = np.ascontiguousarray(stdin).reshape(-1).view(np.uint8)  # flat bytes: the pipe is written in slices
-    done = subprocess.run(command, input=memoryview(raw), capture_output=True)
-    if done.returncode == 0:
-        return
-    lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+    done = subprocess.run(_ffmpeg_command(arguments, path), input=memoryview(raw), capture_output=True)
+    if done.returncode != 0:
+        raise _ffmpeg_failure(done.returncode, done.stderr, path)
+
+
+def _ffmpeg_failure(returncode: int, stderr: bytes, path: Path) -> Exception:
+    """The error of an ffmpeg that exited with `returncode`: a StorageFault for a full disk, else an EncodeError
+    quoting its last line."""
+    text = stderr.decode(errors="replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = lines[-1] if lines else "no message"
-    if "No space left on device" in done.stderr.decode(errors="replace"):
-        raise StorageFault(f"ENOSPC: ffmpeg ran out of space writing {path} ({said})")
-    raise EncodeError(f"ffmpeg exited with status {done.returncode} writing {path.name}: {said}")
+    if "No space left on device" in text:
+        return StorageFault(f"ENOSPC: ffmpeg ran out of space writing {path} ({said})")
+    return EncodeError(f"ffmpeg exited with status {returncode} writing {path.name}: {said}")
 
 
-def _read_back_mp4(path: Path, frames: np.ndarray) -> None:
+def _read_back_mp4(path: Path, shape: tuple[int, int, int, int]) -> None:
     """The published file must hold as many frames of the rendered size as were rendered. The first frame is
     decoded (its size); the rest are counted as the container stores them, not decoded: decoding every frame of
     a noise-like Nano clip took 1.16 s against 0.55 s counting on the H200's 16-core host
     (benchmarks/results/cpu-encode.md), and a file cut short counts short either way."""
-    count, height, width, _ = frames.shape  # [T, H, W, 3]
+    count, height, width, _ = shape  # [T, H, W, 3]
     try:
         reader = imageio_ffmpeg.read_frames(str(path))
         size = next(reader)["size"]
@@ -248,8 +359,8 @@ def sweep_orphaned_scratch() -> list[Path]:
     return removed
 
 
-def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None, preset: str) -> None:
-    _, height, width, _ = frames.shape  # [T, H, W, 3]
+def _h264_arguments(width: int, height: int, fps: float, audio: Path | None, preset: str) -> list[str]:
+    """ffmpeg's arguments for rgb24 frames of `width` x `height` on its stdin (and `audio`'s WAV) -> an MP4."""
     # Sizes are multiples of 16 (manifest rule), so ffmpeg needs no rescale to its macro-block size. The fps
     # goes as a fraction, so 24000/1001 is not rounded. The WAV's rate is the AAC track's: ffmpeg keeps an
     # input's rate when no -ar asks otherwise.
@@ -259,11 +370,16 @@ def _encode_h264(frames: np.ndarray, fps: float, path: Path, audio: Path | None,
         arguments += ["-an"]
     else:
         arguments += ["-i", str(audio), "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", *_AAC_PARAMS]
-    _ffmpeg([*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-preset", preset, *_MP4_PARAMS], frames, path)
+    return [*arguments, "-c:v", "libx264", "-pix_fmt", "yuv420p", "-preset", preset, *_MP4_PARAMS]
 
 
-def write_media(frames: np.ndarray, fps: float, out: Target, *, image: bool, sound: Soundtrack | None = None) -> None:
+def write_media(frames: np.ndarray, fps: float, out: Target, *, image: bool, sound: Soundtrack | None = None,
+                stream: Mp4Stream | None = None) -> None:
+    """A PNG for an image, else the clip's MP4: ``stream``'s, fed while the clip was decoded, or, where none was
+    started (a renderer that does not stream), encoded here from ``frames``."""
     if image:
         write_png(frames, out)
+    elif stream is not None and stream.started:
+        stream.finish(out)
     else:
         write_mp4(frames, fps, out, sound)

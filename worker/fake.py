@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cosmos3.rules.request import RenderRequest, RequestRules, resolve
 from farm.job import ModelSpec
+
+if TYPE_CHECKING:  # the pipeline module imports torch, which the driver need not have
+    from cosmos3.pipeline import FrameSink
 
 
 @dataclass
@@ -54,7 +58,7 @@ class FakeRenderer:
     def warm_up(self) -> None:
         pass  # it loads and sets up nothing
 
-    def __call__(self, request: RenderRequest, callback) -> FakeOutput:
+    def __call__(self, request: RenderRequest, callback, frames: FrameSink | None = None) -> FakeOutput:
         plan = resolve(request, self.rules)  # raises PipelineError, as Cosmos3Pipeline does
         steps = []
         for step in range(plan.steps):
@@ -64,11 +68,15 @@ class FakeRenderer:
             steps.append(time.perf_counter() - start)
         timings = {"vae_wait": None, "tokenize": 0.0, "vae_encode": None, "und": 0.0, "steps": steps, "vae_decode": 0.0,
                    "total": sum(steps)}
-        if plan.sound_samples is None:
-            return FakeOutput(paint(plan), plan.fps, timings)
-        rate, channels = self.rules.sound.config.sampling_rate, self.rules.sound.config.channels
-        return FakeOutput(paint(plan), plan.fps, timings, sound=hum(plan.sound_samples, rate, channels),
-                          sampling_rate=rate)
+        output = FakeOutput(paint(plan), plan.fps, timings)
+        if plan.sound_samples is not None:
+            output.sampling_rate = self.rules.sound.config.sampling_rate
+            output.sound = hum(plan.sound_samples, output.sampling_rate, self.rules.sound.config.channels)
+        if frames is not None:  # handed on in chunks as the VAE decodes them: one frame, then temporal_factor each
+            frames.start(output.frames.shape, output.fps, output.sound, output.sampling_rate)
+            for start in range(0, len(output.frames), self.rules.temporal_factor):
+                frames.write(output.frames[max(start - self.rules.temporal_factor + 1, 0):start + 1])
+        return output
 
 
 def factory(model: ModelSpec, gpu: bool, *, seconds_per_step: float = 0.01) -> FakeRenderer:

@@ -26,8 +26,7 @@ def load_transformer(path: str | Path, *, device: str | torch.device = "cpu", **
     attention where it is qualified, see cosmos3/layers/attention_kernels.py), ``fp8_accumulation``
     (``"fast"`` or ``"fp32"``: how FP8 GEMMs sum on the GPU, cosmos3.rules.load_options), ``step_precision``
     (``"auto"``: the checkpoint's diffusion_step_policy, if any; ``"off"``; or ``{"first": n, "last": m}``
-    to experiment), ``parallel`` (the parallel axes the caller intends; static FP8 refuses any above 1)
-    and ``lora``.
+    to experiment) and ``parallel`` (every axis 1: ``cosmos3.rules.load_options.ONE_GPU``).
     """
     facts = inspect(path)  # the checks `farm validate` runs, from the headers alone
     files = CheckpointFiles(facts.directory, device=device, headers=facts.tensors)
@@ -45,12 +44,11 @@ def build_transformer(
     fp8_accumulation: str = "fast",
     step_precision: str | dict | None = "auto",
     parallel: dict[str, int] | None = None,
-    lora: object = None,
 ) -> Cosmos3Transformer:
     """The model for ``config`` filled from ``tensors`` (files, or a dict in memory)."""
     # The same torch-free check the farm runs on a manifest's model section.
     options = LoadOptions(precision, step_precision, parallel, attention, fp8_accumulation)
-    resolved = resolve(config, options, lora)
+    resolved = resolve(config, options)
     precision, policy = resolved.precision, resolved.policy
     fp8 = fp8_modules(config, tensors.headers, tensors.directory) if precision == "fp8-static" else frozenset()
     clock = Clock(device)
@@ -71,7 +69,7 @@ def build_transformer(
     if policy is not None:
         gen, und = tower_linears(model)
         w8a8 = get_quant_method(precision, fp8_accumulation)
-        model.step_controller = StepPrecisionController(gen, und, policy, w8a8, W8A16, model.attention)
+        model.step_controller = StepPrecisionController(model.step_precision, gen, und, policy, w8a8, W8A16)
     return model.eval()
 
 

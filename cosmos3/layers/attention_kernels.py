@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cosmos3.errors import ConfigError
-from cosmos3.ops import FP8, quantize_fp8
-from cosmos3.ops.cpu import FP8_MAX
+from cosmos3.ops import FP8, FP8_MAX, quantize_fp8
+from cosmos3.quant.step_precision import StepPrecision
 from cosmos3.rules.attention_choice import check_attention
 
 log = structlog.get_logger(__name__)
@@ -426,17 +426,17 @@ _BF16_KERNELS = {"sdpa": None, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-f
 class AttentionKernels:
     """The kernels of one model, shared by its layers: BF16 always, FP8 for GEN when ``choice == "fp8"``.
 
-    ``precise`` is set once per denoising step by the step-precision controller: the W8A16 edge
+    ``step_precision`` is the model's (``cosmos3.quant.step_precision``; ``precise`` reads it): the W8A16 edge
     steps run BF16 attention too, and so does a GEN pass shorter than the FP8 kernel's
     ``min_queries`` (where FP8 would be slower). UND attention is always BF16: it runs once per
     prompt (its K/V are cached for every step, so its error would reach all of them) and is about
     1% of one GEN step.
     """
 
-    def __init__(self, choice: str = "auto", head_dim: int = 128):
+    def __init__(self, choice: str = "auto", head_dim: int = 128, step_precision: StepPrecision | None = None):
         self.choice = check_attention(choice)
         self.head_dim = head_dim
-        self.precise = False
+        self.step_precision = step_precision or StepPrecision()
         self._kernels: dict[tuple, object] = {}
         # kernel name -> why it cannot run here (a faster one, skipped); "NAME row skipping" -> why NAME runs without
         self._passed_over: dict[str, str] = {}
@@ -466,6 +466,15 @@ class AttentionKernels:
 
     def und(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._kernel(q.device, fp8=False)(q, k, v, causal=True)
+
+    @property
+    def precise(self) -> bool:
+        """Whether this step runs at 16 bits (the model's step precision says so)."""
+        return self.step_precision.a16
+
+    @precise.setter
+    def precise(self, a16: bool) -> None:
+        self.step_precision.a16 = a16
 
     @property
     def fp8_active(self) -> bool:

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from cosmos3.ops.cpu import FP8
+from cosmos3.ops import FP8
 from cosmos3.quant.base import LinearMethod
+from cosmos3.quant.step_precision import StepPrecision
 
 
 class Linear(nn.Module):
@@ -17,6 +18,9 @@ class Linear(nn.Module):
     A fused Linear (BF16 / dynamic FP8 topology) concatenates several checkpoint projections
     along the output dim; ``shard_keys`` names them (e.g. ``("to_q", "to_k", "to_v")``) and
     ``shard_sizes`` gives their output widths, so the loader alone translates names.
+
+    ``quant_method`` is how the layer computes as its checkpoint stores it. A layer a step policy drives also has an
+    ``a16_method`` (W8A16) and the model's ``StepPrecision``: ``method`` is the one the step runs now.
     """
 
     def __init__(
@@ -41,13 +45,30 @@ class Linear(nn.Module):
         self.shard_keys = tuple(shard_keys) if shard_keys is not None else ("",)
         self.has_bias = bias
         self.quant_method = quant_method
+        self.a16_method: LinearMethod | None = None
+        self.step_precision: StepPrecision | None = None
         quant_method.create_weights(self, dtype)
 
+    def drive_by(self, step_precision: StepPrecision, a16_method: LinearMethod) -> None:
+        """Compute with ``a16_method`` on the steps ``step_precision`` runs at 16 bits (set once, at load)."""
+        self.step_precision, self.a16_method = step_precision, a16_method
+
+    @property
+    def method(self) -> LinearMethod:
+        """The method this step computes with."""
+        a16 = self.step_precision is not None and self.step_precision.a16
+        return self.a16_method if a16 else self.quant_method
+
+    @property
+    def dequantized(self) -> torch.Tensor | None:
+        """The weight in 16 bits while the model holds it dequantized for W8A16 passes (W8A16 reads it), else None."""
+        return None if self.step_precision is None else self.step_precision.held_weight(self)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x)
+        return self.method.apply(self, x)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.shard_sizes}, method={type(self.quant_method).__name__}"
+        return f"in={self.in_features}, out={self.shard_sizes}, method={type(self.method).__name__}"
 
 
 def shared_input_scale(linears: Sequence[Linear]) -> torch.Tensor | None:
@@ -55,9 +76,9 @@ def shared_input_scale(linears: Sequence[Linear]) -> torch.Tensor | None:
     its producer (a norm, swiglu) can emit FP8 straight; None unless every member runs static W8A8 (a 16-bit
     step, an ignored high-precision member, a fused topology). One identical input_scale per group is a
     load-time invariant (checked in ``validate_shared_input_scales``)."""
-    if all(linear.quant_method.shares_input_quant for linear in linears):
+    if all(linear.method.shares_input_quant for linear in linears):
         first = linears[0]
-        return first.quant_method.fp8_output_scale(first)
+        return first.method.fp8_output_scale(first)
     return None
 
 
@@ -67,7 +88,7 @@ def quantize_shared_input(x: torch.Tensor, linears: Sequence[Linear]) -> torch.T
     if x.dtype == FP8 or shared_input_scale(linears) is None:
         return x
     first = linears[0]
-    return first.quant_method.quantize_input(first, x)
+    return first.method.quantize_input(first, x)
 
 
 def validate_shared_input_scales(linears: dict[str, Linear], where: str) -> None:

@@ -40,7 +40,7 @@ class GatedMLP(nn.Module):
             return self.down_proj(F.silu(gate) * up)
         x_in = quantize_shared_input(x, [self.gate_proj, self.up_proj])
         gate, up = self.gate_proj(x_in), self.up_proj(x_in)
-        scale = self.down_proj.quant_method.fp8_output_scale(self.down_proj)  # None on 16-bit steps
+        scale = self.down_proj.method.fp8_output_scale(self.down_proj)  # None on 16-bit steps
         return self.down_proj(ops.silu_and_mul_2in(gate, up, scale=scale))
 
     def finish_loading(self, where: str) -> None:

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from cosmos3.layers.linear import Linear, shared_input_scale
-from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod, scaled_mm
+from cosmos3.ops import FP8
+from cosmos3.quant.fp8_static import StaticFP8LinearMethod, scaled_mm
 
 # The most GEMM rows (tokens) a packed Q/K/V runs at, by SM version (10 * major + minor); an SM without a row
-# never packs (the split path is the one every arch was verified on). sm_90: benchmarks/bench_packed_gemm.py on
-# two H200s (torch 2.11+cu130, CUDA 13.0, no cuBLASLt workspace), 2026-12-02, Nano's GEN Q/K/V: 1.70-1.72x at
-# 256 tokens, 1.15-1.23x at 1,024, 1.03-1.05x at 4,096, 1.00x at 8,192, 0.94-0.96x at 44,160
-# (benchmarks/results/h200-fp8.md).
+# never packs (the split path is the one every arch was verified on). sm_90: the last token count at which
+# benchmarks/bench_packed_gemm.py measured the packed GEMM ahead of the split ones for Nano's GEN Q/K/V on the H200
+# (benchmarks/results/h200-fp8.md: each count's speed-up).
 PACKED_MAX_TOKENS: dict[int, int] = {90: 4096}
 
 

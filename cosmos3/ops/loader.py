@@ -16,15 +16,12 @@ handed to it from ``cosmos3.ops.launch_table``.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.machinery
 import importlib.util
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +29,7 @@ from typing import Literal
 
 import structlog
 import torch
+from filelock import FileLock
 
 from cosmos3.ops import build, launch_table, schemas  # noqa: F401 - schemas: the schemas the kernels register under
 
@@ -168,17 +166,11 @@ def build_dir(sms: list[int]) -> Path:
     return Path(os.environ.get("COSMOS3_BUILD_DIR", Path.home() / ".cache" / "cosmos3")) / tag
 
 
-@contextmanager
-def build_lock(directory: Path) -> Iterator[None]:
-    """Exclusive across the processes of a node. flock, not torch's own lock file: the kernel releases it when
-    its holder dies, so a worker killed mid-build never leaves the others waiting on a stale lock."""
+def build_lock(directory: Path) -> FileLock:
+    """Exclusive across the processes of a node. filelock's lock is an flock on Linux, not torch's own lock file:
+    the kernel releases it when its holder dies, so a worker killed mid-build never leaves the others waiting."""
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "cosmos3.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return FileLock(directory / "cosmos3.lock")
 
 
 def _jit_build(sms: list[int]) -> tuple[ModuleType, Source, Path]:

@@ -7,9 +7,7 @@ from cosmos3.quant.fp8_dynamic import DynamicFP8LinearMethod
 from cosmos3.quant.fp8_static import StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.quant.w8a16 import W8A16LinearMethod
-from cosmos3.rules.load_options import FP8_ACCUMULATIONS
-
-PRECISIONS = ("bf16", "fp8-dynamic", "fp8-static")
+from cosmos3.rules.load_options import FP8_ACCUMULATIONS, RUN_PRECISIONS
 
 UNQUANTIZED = UnquantizedLinearMethod()
 W8A16 = W8A16LinearMethod()
@@ -26,11 +24,11 @@ def get_quant_method(precision: str, accumulation: str = "fast") -> LinearMethod
     FP8 methods sum as ``accumulation`` says (``cosmos3.rules.load_options.FP8_ACCUMULATIONS``)."""
     if precision == "bf16":
         return UNQUANTIZED
-    if precision not in PRECISIONS:
-        raise ValueError(f"unsupported precision {precision!r}; expected one of {PRECISIONS}")
+    if precision not in RUN_PRECISIONS:
+        raise ValueError(f"unsupported precision {precision!r}; expected one of {RUN_PRECISIONS}")
     if accumulation not in FP8_ACCUMULATIONS:
         raise ValueError(f"unsupported FP8 accumulation {accumulation!r}; expected one of {FP8_ACCUMULATIONS}")
     return _FP8[precision, accumulation]
 
 
-__all__ = ["LinearMethod", "get_quant_method", "PRECISIONS", "UNQUANTIZED", "DYNAMIC_FP8", "STATIC_FP8", "W8A16"]
+__all__ = ["LinearMethod", "get_quant_method", "UNQUANTIZED", "DYNAMIC_FP8", "STATIC_FP8", "W8A16"]

@@ -16,10 +16,8 @@ import torch
 
 from cosmos3 import ops
 from cosmos3.errors import CheckpointError
+from cosmos3.ops import FP8, FP8_MAX
 from cosmos3.quant.base import LinearMethod, ShardTensors, require_dtype, require_scalar_scale
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
 
 # ModelOpt duplicates each scale in a buffer; we check them against the scale, then drop them.
 MODELOPT_BUFFERS = {
@@ -65,7 +63,6 @@ class StaticFP8LinearMethod(LinearMethod):
         if layer.has_bias:
             layer.bias = torch.nn.Parameter(torch.empty(layer.out_features, dtype=dtype), False)
         layer.out_dtype = dtype
-        layer.dequantized = None  # the weight in 16 bits while a w8a16.DequantizedWeights holds it (W8A16 reads it)
 
     def checkpoint_tensors(self, layer):
         return ("weight", "weight_scale", "input_scale") + (("bias",) if layer.has_bias else ())

@@ -2,8 +2,8 @@
 
 Used on the denoising steps a checkpoint's ``diffusion_step_policy`` names, and for the UND
 tower when the policy says ``reasoner: a16``. ``input_scale`` is unused. The dequantized weight is a
-per-call temporary, unless a ``DequantizedWeights`` holds it for the layer (``layer.dequantized``): the
-same bits, made once for many forwards. On CUDA the dequantization is one pass of our own kernel
+per-call temporary, unless a ``DequantizedWeights`` holds it for the model's step precision (``layer.dequantized``
+reads it): the same bits, made once for many forwards. On CUDA the dequantization is one pass of our own kernel
 (``cosmos3.ops.dequantize_fp8``, nothing to compile at a worker's start); elsewhere its reference
 expression ``cosmos3.ops.cpu.dequantize_fp8``, the same bits (benchmarks/bench_ops.py bandwidth measures the
 kernel against that expression, eager and compiled, on CUDA).
@@ -17,8 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from cosmos3 import ops
+from cosmos3.ops import FP8
 from cosmos3.ops import cpu as ops_cpu
-from cosmos3.quant.fp8_static import FP8, StaticFP8LinearMethod
+from cosmos3.quant.fp8_static import StaticFP8LinearMethod
+from cosmos3.quant.step_precision import StepPrecision
 
 
 def dequantize(layer, dtype: torch.dtype) -> torch.Tensor:
@@ -52,18 +54,18 @@ class W8A16LinearMethod(StaticFP8LinearMethod):
 
 
 class DequantizedWeights:
-    """The weights of static-FP8 ``linears`` dequantized once into ``dtype`` and bound to them (``dequantized``)
-    until ``release()``: their W8A16 passes then read these instead of dequantizing every call.
+    """The weights of static-FP8 ``linears`` dequantized once into ``dtype``, held by ``step_precision`` (the model's
+    ``StepPrecision``) until ``release()``: their W8A16 passes then read these instead of dequantizing every call.
 
     Costs a 16-bit copy of those weights (Nano's GEN tower: 13.8 GB). Worth it where a forward is short: on the
     H200 a W8A16 GEN forward at a still's 1,024 tokens spent ~5.7 ms of its ~30 ms dequantizing, and a still runs
     nine of them (benchmarks/results/h200-render.md; cosmos3/cuda_graphs.py decides when to hold one).
     """
 
-    def __init__(self, linears: Sequence, dtype: torch.dtype):
+    def __init__(self, step_precision: StepPrecision, linears: Sequence, dtype: torch.dtype):
+        self.step_precision = step_precision
         self.linears = list(linears)
-        for linear in self.linears:
-            linear.dequantized = dequantize(linear, dtype)
+        step_precision.held = {linear: dequantize(linear, dtype) for linear in self.linears}
 
     @staticmethod
     def nbytes(linears: Sequence, dtype: torch.dtype) -> int:
@@ -71,6 +73,5 @@ class DequantizedWeights:
         return sum(linear.weight.numel() for linear in linears) * dtype.itemsize
 
     def release(self) -> None:
-        for linear in self.linears:
-            linear.dequantized = None
+        self.step_precision.held = None
         self.linears = []

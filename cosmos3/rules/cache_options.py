@@ -8,11 +8,11 @@ The parameters are diffusers' ``SeaCacheConfig`` (hooks/sea_cache.py), spelled a
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from cosmos3.errors import ConfigError, Problem
+from cosmos3.errors import ConfigError, FieldProblem
+from cosmos3.rules.values import is_int, is_number, is_real, yaml_off
 
 METHODS = ("off", "seacache")
 
@@ -45,12 +45,12 @@ MAX_THRESHOLD = 10.0
 
 def _parameter_problem(name: str, value: Any) -> str | None:
     if name in _WHOLE:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WHOLE:
+        if not is_int(value) or not 0 <= value <= MAX_WHOLE:
             return f"{value!r} is not a whole number in [0, {MAX_WHOLE}]"
         return None
     if name == "residual_order":
-        return None if value in (0, 1) and not isinstance(value, bool) else f"{value!r} is not 0 or 1"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None if is_real(value) and value in (0, 1) else f"{value!r} is not 0 or 1"
+    if not is_number(value):
         return f"{value!r} is not a finite number"
     if name == "threshold" and not 0 <= value <= MAX_THRESHOLD:
         return (f"{value!r} is not in [0, {MAX_THRESHOLD:g}]: a budget of relative change (0.25 as published; "
@@ -60,8 +60,8 @@ def _parameter_problem(name: str, value: Any) -> str | None:
     return None
 
 
-def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
-    if value == "off" or value is False:  # YAML 1.1 reads a bare `off` as false
+def _read(value: Any) -> tuple[SeaCacheSettings | None, list[FieldProblem]]:
+    if yaml_off(value) == "off":
         return None, []
     if value == "seacache":
         return SeaCacheSettings(), []
@@ -69,7 +69,7 @@ def _read(value: Any) -> tuple[SeaCacheSettings | None, list[Problem]]:
         return None, [("cache", f"must be one of {', '.join(METHODS)} or {{method: seacache, threshold: ..., "
                                 f"max_consecutive: ...}}, got {value!r}")]
     method = value.get("method")
-    if method in ("off", False):
+    if yaml_off(method) == "off":
         return None, [("cache.method", "off takes no parameters: write `cache: off` alone for no step cache")]
     if method != "seacache":
         return None, [("cache.method", f"{method!r}: a cache with parameters names its method: seacache")]
@@ -109,7 +109,7 @@ def hashed_cache(value: Any, frames: int) -> Any:
     return identity if frames > 1 else {STILLS_KEY: identity}
 
 
-def cache_problems(value: Any) -> list[Problem]:
+def cache_problems(value: Any) -> list[FieldProblem]:
     """Every problem of the ``cache`` option ``value``, as (field, message) pairs."""
     return _read(value)[1]
 

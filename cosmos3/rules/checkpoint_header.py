@@ -38,6 +38,7 @@ from cosmos3.rules.config import (
     read_sound_support,
     uses_static_fp8,
 )
+from cosmos3.rules.values import is_int
 
 FP8_DTYPE = "F8_E4M3"
 SCALES = ("weight_scale", "input_scale")
@@ -300,10 +301,10 @@ def _entry(path: Path, key: str, entry: object) -> tuple[str, tuple[int, ...], t
         isinstance(entry, dict)
         and entry.get("dtype") in _ITEM_SIZE
         and isinstance(entry.get("shape"), list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in entry["shape"])
+        and all(is_int(d) and d >= 0 for d in entry["shape"])
         and isinstance(entry.get("data_offsets"), list)
         and len(entry["data_offsets"]) == 2
-        and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in entry["data_offsets"])
+        and all(is_int(o) and o >= 0 for o in entry["data_offsets"])
     )
     if not ok:
         raise CheckpointError(f"{path}: header entry {key!r} is not {{dtype, shape, data_offsets}}: {entry!r}")

@@ -16,6 +16,7 @@ from typing import Any
 
 from cosmos3.errors import ConfigError
 from cosmos3.rules.checkpoint_files import read_json
+from cosmos3.rules.values import is_int, is_real
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def _read_json(path: Path, missing: str) -> Any:
 
 def _positive_int(raw: dict, key: str, path: Path) -> int:
     value = raw.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ConfigError(f"{path}: {key}={value!r} must be a positive whole number")
     return value
 
@@ -338,7 +339,7 @@ class VAEConfig:
 
 def _numbers(raw: dict, key: str, path: Path) -> tuple[float, ...]:
     value = raw.get(key)
-    if not isinstance(value, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, list) or not all(is_real(v) for v in value):
         raise ConfigError(f"{path}: {key}={value!r} must be a list of numbers")
     return tuple(float(v) for v in value)
 
@@ -362,8 +363,8 @@ def _check_field(name: str, kind: Any, value: Any) -> Any:
         return tuple(_check_field(f"{name}[{i}]", item, v) for i, (item, v) in pairs)
     ok = {
         bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        int: is_int(value),
+        float: is_real(value),
         str: isinstance(value, str),
     }[kind]
     if not ok:

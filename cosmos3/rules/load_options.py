@@ -4,8 +4,7 @@ without torch.
 ``cosmos3.checkpoint.loader`` calls ``resolve()`` before it builds a model; the farm calls ``problems()`` on a
 manifest's ``model`` section, so both refuse the same options with the same words. Each problem names
 the option it is about (``precision``, ``step_precision``, ``parallel.<axis>``, ``attention``, ``fp8_accumulation``,
-``cache[.<parameter>]``, ``lora``), or
-``checkpoint`` when the checkpoint itself cannot be run.
+``cache[.<parameter>]``), or ``checkpoint`` when the checkpoint itself cannot be run.
 """
 
 from __future__ import annotations
@@ -13,15 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from cosmos3.errors import ConfigError, Problem
+from cosmos3.errors import ConfigError, FieldProblem
 from cosmos3.rules.attention_choice import attention_problem
 from cosmos3.rules.cache_options import DEFAULT_CACHE, cache_problems
 from cosmos3.rules.config import Cosmos3Config, uses_static_fp8
 from cosmos3.rules.step_precision import StepPolicy, resolve_policy
+from cosmos3.rules.values import is_int
 
 Precision = Literal["auto", "bf16", "fp8-dynamic", "fp8-static"]  # "auto" runs what the checkpoint holds
-PRECISIONS: tuple[str, ...] = get_args(Precision)
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # what a caller may ask for
+RUN_PRECISIONS = tuple(p for p in PRECISIONS if p != "auto")  # what a load runs (Resolved.precision)
 PARALLEL_AXES = ("tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size")
+# A model runs on one GPU: no axis is built (a static-FP8 Super fits one H200, docs/models.md), and a farm worker
+# owns exactly one GPU (num_gpus=1). farm validate and from_pretrained refuse any axis above 1 in these words.
+ONE_GPU = "cosmos3 runs a model on one GPU (no parallel axis is built)"
 # How an FP8 GEMM sums its products on the GPU (torch._scaled_mm's use_fast_accum). "fast": in the tensor cores'
 # accumulator, as torchao's FP8 inference configs and vLLM's Hopper FP8 kernels do; "fp32": partial sums promoted
 # to fp32 registers every K block (cuBLAS's careful mode): 10-20x less accumulation error, still far under the e4m3
@@ -40,7 +44,7 @@ class LoadOptions:
 
     precision: Precision = "auto"
     step_precision: Any = "auto"  # "auto" (the checkpoint's policy), "off", or {first, last[, reasoner]}
-    parallel: dict[str, int] | None = None  # the axes the caller intends; static FP8 refuses any above 1
+    parallel: dict[str, int] | None = None  # every axis 1: a model runs on one GPU (ONE_GPU)
     attention: str = "auto"  # cosmos3.rules.attention_choice: auto | bf16 | fp8 (the device is checked at load)
     fp8_accumulation: str = "fast"  # FP8_ACCUMULATIONS; FP8 GEMMs only (a BF16 run has none)
     cache: Any = DEFAULT_CACHE  # the step cache: off | seacache | {method: seacache, ...} (cosmos3.rules.cache_options)
@@ -48,19 +52,15 @@ class LoadOptions:
 
 @dataclass(frozen=True)
 class Resolved:
-    precision: str  # what runs: bf16, fp8-dynamic or fp8-static
+    precision: str  # what runs: one of RUN_PRECISIONS
     policy: StepPolicy | None
 
 
-def _precision(config: Cosmos3Config, precision: Any, lora: object) -> tuple[str | None, list[Problem]]:
+def _precision(config: Cosmos3Config, precision: Any) -> tuple[str | None, list[FieldProblem]]:
     """``auto`` follows the checkpoint; combinations that would quantize twice or run untested are refused."""
     if precision not in PRECISIONS:
         return None, [("precision", f"{precision!r} is not one of {', '.join(PRECISIONS)}")]
-    static = uses_static_fp8(config)
-    if lora is not None:
-        reason = "static FP8 keeps gate/up split (GatedMLP) and calibrated" if static else "not implemented"
-        return None, [("lora", f"LoRA adapters are not supported ({reason}); remove the lora option")]
-    if static:
+    if uses_static_fp8(config):
         if precision in ("bf16", "fp8-dynamic"):
             return None, [("precision", f"{precision!r} on a ModelOpt static FP8 checkpoint would re-quantize "
                                         "calibrated weights (forced dynamic quantization on a split GatedMLP); "
@@ -76,7 +76,9 @@ def _precision(config: Cosmos3Config, precision: Any, lora: object) -> tuple[str
     return ("bf16" if precision == "auto" else precision), []
 
 
-def _parallel(config: Cosmos3Config, parallel: Any) -> list[Problem]:
+def parallel_problems(parallel: Any) -> list[FieldProblem]:
+    """The one-GPU rule, for the library and the farm alike: the axes are named so that a caller who asks for
+    sharding hears it is not built, instead of a model that loads and runs on one GPU without a word."""
     if parallel is None:
         return []
     if not isinstance(parallel, dict):
@@ -86,29 +88,29 @@ def _parallel(config: Cosmos3Config, parallel: Any) -> list[Problem]:
         where = f"parallel.{axis}"
         if axis not in PARALLEL_AXES:
             problems.append((where, f"unknown axis (one of {', '.join(PARALLEL_AXES)})"))
-        elif isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        elif not is_int(size) or size < 1:
             problems.append((where, f"{size!r} is not a whole number >= 1"))
-        elif size != 1 and uses_static_fp8(config):
-            problems.append((where, f"static FP8 runs one GPU per worker; got {where}={size} (set it to 1)"))
+        elif size != 1:
+            problems.append((where, f"{ONE_GPU}; got {where}={size} (set it to 1)"))
     return problems
 
 
-def problems(config: Cosmos3Config, options: LoadOptions, lora: object = None) -> list[Problem]:
+def problems(config: Cosmos3Config, options: LoadOptions) -> list[FieldProblem]:
     """Every problem of loading ``config``'s checkpoint with ``options``, as (option, message) pairs."""
-    return _check(config, options, lora)[1]
+    return _check(config, options)[1]
 
 
-def resolve(config: Cosmos3Config, options: LoadOptions, lora: object = None) -> Resolved:
+def resolve(config: Cosmos3Config, options: LoadOptions) -> Resolved:
     """The precision and step policy a load runs; raises ``ConfigError`` listing every problem."""
-    resolved, found = _check(config, options, lora)
+    resolved, found = _check(config, options)
     if found:
         raise ConfigError.listing("load options", found)
     return resolved
 
 
-def _check(config: Cosmos3Config, options: LoadOptions, lora: object) -> tuple[Resolved | None, list[Problem]]:
-    precision, found = _precision(config, options.precision, lora)
-    found += _parallel(config, options.parallel)
+def _check(config: Cosmos3Config, options: LoadOptions) -> tuple[Resolved | None, list[FieldProblem]]:
+    precision, found = _precision(config, options.precision)
+    found += parallel_problems(options.parallel)
     if (problem := attention_problem(options.attention)) is not None:
         found.append(("attention", problem))
     if options.fp8_accumulation not in FP8_ACCUMULATIONS:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cosmos3.errors import CheckpointError
 from cosmos3.rules.checkpoint_files import read_bounded
+from cosmos3.rules.values import is_int
 
 # The typo "give" (for "given") is intentional: it is what the model was trained on.
 SYSTEM_PROMPT_VIDEO = "You are a helpful assistant who will generate videos from a give prompt."
@@ -108,7 +109,7 @@ class TextBudget:
         except Exception as err:  # tokenizers raises its own Exception for a file it cannot parse
             raise tokenizer_not_loaded(path, err) from None
         stated = config.get("model_max_length") if isinstance(config, dict) else None
-        valid = isinstance(stated, int) and not isinstance(stated, bool) and stated > 0
+        valid = is_int(stated) and stated > 0
         return cls(tokenizer, min(stated, MAX_TEXT_TOKENS) if valid else MAX_TEXT_TOKENS)
 
     def count(self, prompt: str, spec: PromptSpec, *, negative: bool) -> int:

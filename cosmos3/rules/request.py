@@ -9,18 +9,18 @@ passes ``farm validate`` is one a worker renders.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmos3.errors import PipelineError, Problem
+from cosmos3.errors import FieldProblem, PipelineError
 from cosmos3.rules.checkpoint_header import check_layout, check_sound_dir, check_vae_dir
 from cosmos3.rules.config import TEXT_TOKENIZER_DIR, VAE_DIR, Cosmos3Config, SoundSupport
 from cosmos3.rules.model_card import IMAGE_ONLY_TAG, MODEL_CARD, tasks_of
 from cosmos3.rules.prompt import PromptSpec, TextBudget
 from cosmos3.rules.sampling import SamplingRecipe, load_recipe
+from cosmos3.rules.values import is_int, is_number
 
 TASKS = ("t2v", "t2i", "i2v", "v2v")
 INPUT_OF_TASK = {"i2v": "image", "v2v": "video"}  # the conditioning input each task needs
@@ -167,16 +167,6 @@ class RenderPlan:
         )
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    """A finite real number: nan and inf pass every comparison check, so they are refused here. An int of any size
-    is finite (``math.isfinite`` would convert it to a float, which overflows past 1.8e308)."""
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
-
-
 def shown(value) -> str:
     """``repr`` of a value for a message, shortened: a 400-digit number or a megabyte string stays one line."""
     text = repr(value)
@@ -184,7 +174,7 @@ def shown(value) -> str:
 
 
 def _check_range(value, low: float, high: float) -> str | None:
-    if not _is_number(value):
+    if not is_number(value):
         return f"{shown(value)} is not a finite number"
     if not low <= value <= high:
         return f"{shown(value)} is outside the limits [{low:g}, {high:g}]"
@@ -201,7 +191,7 @@ def _nearest_multiples(value: int, factor: int) -> str:
 
 
 def _check_size(value, factor: int) -> str | None:
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         return f"{shown(value)} is not a positive whole number of pixels"
     if value > MAX_SIDE:
         return f"{shown(value)} is above the limit of {MAX_SIDE} pixels a side"
@@ -211,7 +201,7 @@ def _check_size(value, factor: int) -> str | None:
 
 
 def _check_frames(task: str, frames, temporal_factor: int) -> str | None:
-    if not _is_int(frames) or frames < 1:
+    if not is_int(frames) or frames < 1:
         return f"{shown(frames)} is not a positive whole number"
     if task == "t2i":
         return None if frames == 1 else (f"task t2i renders one frame, got frames={shown(frames)} "
@@ -243,7 +233,7 @@ def _check_text(value, *, required: bool) -> str | None:
     return None
 
 
-def _check_inputs(request: RenderRequest) -> list[Problem]:
+def _check_inputs(request: RenderRequest) -> list[FieldProblem]:
     wanted = INPUT_OF_TASK.get(request.task)
     problems = []
     for field in ("image", "video"):
@@ -299,7 +289,7 @@ def _ffmpeg_reason(err: BaseException) -> str:
     return next((line for line in lines if "Invalid" in line or "Error" in line), lines[-1] if lines else repr(err))
 
 
-def _check_tokens(request: RenderRequest, rules: RequestRules) -> Problem | None:
+def _check_tokens(request: RenderRequest, rules: RequestRules) -> FieldProblem | None:
     """The GEN tokens of one pass over the job's latents, once width, height and frames are each fine."""
     defaults = TASK_DEFAULTS[request.task]
     width, height = _or(request.width, defaults.width), _or(request.height, defaults.height)
@@ -313,7 +303,7 @@ def _check_tokens(request: RenderRequest, rules: RequestRules) -> Problem | None
                    f"{MAX_GEN_TOKENS:,}; lower the size or the frames")
 
 
-def _check_prompts(request: RenderRequest, rules: RequestRules) -> list[Problem]:
+def _check_prompts(request: RenderRequest, rules: RequestRules) -> list[FieldProblem]:
     """Each prompt with its metadata sentences, counted by the checkpoint's text tokenizer as the worker encodes it."""
     defaults = TASK_DEFAULTS[request.task]
     spec = PromptSpec(frames=_or(request.frames, defaults.frames), fps=float(_or(request.fps, defaults.fps)),
@@ -326,7 +316,7 @@ def _check_prompts(request: RenderRequest, rules: RequestRules) -> list[Problem]
     return found
 
 
-def _check_sampling(request: RenderRequest, recipe: SamplingRecipe) -> list[Problem]:
+def _check_sampling(request: RenderRequest, recipe: SamplingRecipe) -> list[FieldProblem]:
     if recipe.is_distilled:
         n = len(recipe.fixed_sigmas)
         checks = [
@@ -340,7 +330,7 @@ def _check_sampling(request: RenderRequest, recipe: SamplingRecipe) -> list[Prob
         return [(field, message) for field, ok, message in checks if not ok]
     found = []
     if request.steps is not None:
-        if not _is_int(request.steps) or request.steps < 1:
+        if not is_int(request.steps) or request.steps < 1:
             found.append(("steps", f"{shown(request.steps)} is not a positive whole number"))
         elif request.steps > recipe.train_timesteps:  # more steps than the model's timesteps only repeat them
             found.append(("steps", f"{request.steps} is above the limit of {recipe.train_timesteps} "
@@ -362,7 +352,7 @@ def _check_sound(request: RenderRequest, sound: SoundSupport) -> str | None:
     return None
 
 
-def problems(request: RenderRequest, rules: RequestRules) -> list[Problem]:
+def problems(request: RenderRequest, rules: RequestRules) -> list[FieldProblem]:
     """Every problem of ``request`` on this checkpoint, as (field, message) pairs; empty when it renders."""
     if request.task not in TASKS:
         return [("task", f"{request.task!r} is not one of {', '.join(TASKS)}")]
@@ -379,7 +369,7 @@ def problems(request: RenderRequest, rules: RequestRules) -> list[Problem]:
         ("frames", _check_frames(request.task, _or(request.frames, defaults.frames), rules.temporal_factor)),
         ("fps", _check_range(fps, *FPS_RANGE)),
         # torch.Generator.manual_seed takes a signed 64-bit seed.
-        ("seed", None if _is_int(seed) and 0 <= seed < 2**63 else f"{shown(seed)} is not a whole number in [0, 2**63)"),
+        ("seed", None if is_int(seed) and 0 <= seed < 2**63 else f"{shown(seed)} is not a whole number in [0, 2**63)"),
         ("sound", _check_sound(request, rules.sound)),
     ]
     found = [(f, m) for f, m in found if m]

@@ -20,6 +20,7 @@ from typing import Any
 
 from cosmos3.errors import ConfigError
 from cosmos3.rules.config import QuantConfig
+from cosmos3.rules.values import is_int
 
 POLICY_KEY = "quantization_config.runtime.diffusion_step_policy"
 
@@ -79,7 +80,7 @@ def parse_policy(policy: Any) -> StepPolicy:
     if missing:
         raise ConfigError(f"{POLICY_KEY}: missing field(s) {sorted(missing)}")
     version = policy["schema_version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version != 1:
+    if not is_int(version) or version != 1:
         raise ConfigError(f"{POLICY_KEY}.schema_version: only the integer 1 is supported, got {version!r}")
     for name, expected in _CONSTANTS.items():
         if policy[name] != expected:
@@ -104,7 +105,7 @@ def _window_count(window: Any, name: str) -> int:
     if window["mode"] != "a16":
         raise ConfigError(f"{where}.mode: only 'a16' is supported, got {window['mode']!r}")
     count = window["count"]
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+    if not is_int(count) or count < 0:
         raise ConfigError(f"{where}.count: must be an integer >= 0, got {count!r}")
     return count
 

@@ -24,7 +24,8 @@ from cosmos3.checkpoint.weights import SKIPPED
 from cosmos3.diffusers_model import reference_forward
 from cosmos3.errors import CheckpointError, ConfigError
 from cosmos3.layers.linear import Linear
-from cosmos3.quant.fp8_static import FP8, FP8_MAX, StaticFP8LinearMethod
+from cosmos3.ops import FP8, FP8_MAX
+from cosmos3.quant.fp8_static import StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.rules.checkpoint_header import linear_sites
 from testbed.fp8_checkpoints import PROMPTS, make_bf16, make_fp8
@@ -197,14 +198,14 @@ def test_quantized_top_linears_follow_the_step_policy_with_the_gen_tower(exports
         c["quantization_config"]["runtime"] = {"diffusion_step_policy": PUBLISHED_STEP_POLICY}
     model = load_transformer(rewrite(exports["stock"], tmp_path / "p", edit_config=policy))
     model.set_denoising_step(0, 10)
-    assert model.proj_in.quant_method is W8A16 and model.time_embedder.linear_1.quant_method is W8A16
+    assert model.proj_in.method is W8A16 and model.time_embedder.linear_1.method is W8A16
     model.set_denoising_step(5, 10)
-    assert model.proj_in.quant_method is STATIC_FP8
-    assert model.layers[0].self_attn.to_q.quant_method is W8A16  # UND: reasoner a16, whatever the step
+    assert model.proj_in.method is STATIC_FP8
+    assert model.layers[0].self_attn.to_q.method is W8A16  # UND: reasoner a16, whatever the step
 
 
 def test_fp8_accumulation_reaches_every_fp8_linear_and_the_w8a8_steps(exports, tmp_path):
-    """The option picks how every W8A8 GEMM sums, the packed Q/K/V's too, also after a W8A16 step rebinds them."""
+    """The option picks how every W8A8 GEMM sums, the packed Q/K/V's too, also after a W8A16 step."""
     from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY
     from cosmos3.quant import W8A16
 
@@ -216,11 +217,11 @@ def test_fp8_accumulation_reaches_every_fp8_linear_and_the_w8a8_steps(exports, t
         assert model.fp8_accumulation == accumulation
         for step, edge in ((5, False), (0, True), (5, False)):  # W8A8, W8A16, W8A8 again
             model.set_denoising_step(step, 10)
-            assert (model.proj_in.quant_method is W8A16) is edge
-            fp8 = [m.quant_method for m in model.modules()
-                   if isinstance(m, Linear) and m.quant_method.shares_input_quant]  # W8A8 ones
+            assert (model.proj_in.method is W8A16) is edge
+            fp8 = [m.method for m in model.modules()
+                   if isinstance(m, Linear) and m.method.shares_input_quant]  # W8A8 ones
             assert fp8 and {method.accumulation for method in fp8} == {accumulation}, step
-        assert model.layers[0].self_attn.to_q.quant_method.accumulation == accumulation  # UND
+        assert model.layers[0].self_attn.to_q.method.accumulation == accumulation  # UND
     assert load_transformer(exports["bf16"]).fp8_accumulation is None  # no FP8 GEMMs to sum
 
 
@@ -462,16 +463,24 @@ def test_static_scale_for_a_high_precision_destination_is_refused(exports, tmp_p
 
 
 @pytest.mark.parametrize("axis", ["tp_size", "ulysses_size", "cfg_size", "cp_size", "parallel_vae_size"])
-def test_static_fp8_with_a_parallel_axis_above_1_is_refused(exports, axis):
-    with pytest.raises(ConfigError, match=f"static FP8 runs one GPU per worker; got parallel.{axis}=2"):
-        load_transformer(exports["cosmos"], parallel={axis: 2})
-    load_transformer(exports["bf16"], parallel={axis: 2})  # BF16 is not refused here
+def test_a_parallel_axis_above_1_is_refused_whatever_the_checkpoint(exports, axis):
+    for checkpoint in (exports["cosmos"], exports["bf16"]):
+        with pytest.raises(ConfigError, match=rf"cosmos3 runs a model on one GPU \(no parallel axis is built\); "
+                                              rf"got parallel.{axis}=2 \(set it to 1\)"):
+            load_transformer(checkpoint, parallel={axis: 2})
+    load_transformer(exports["bf16"], parallel={axis: 1})
+
+
+def test_from_pretrained_refuses_a_parallel_axis_before_it_reads_the_checkpoint(tmp_path):
+    from cosmos3.pipeline import Cosmos3Pipeline
+
+    with pytest.raises(ConfigError, match=r"parallel.tp_size: cosmos3 runs a model on one GPU"):
+        Cosmos3Pipeline.from_pretrained(tmp_path, parallel={"tp_size": 2})  # an empty folder: nothing is read
 
 
 @pytest.mark.parametrize("kwargs,message", [
     pytest.param({"precision": "fp8-dynamic"}, "forced dynamic quantization on a split GatedMLP", id="force-dynamic"),
     pytest.param({"precision": "bf16"}, "would re-quantize calibrated weights", id="force-bf16"),
-    pytest.param({"lora": "adapter.safetensors"}, "LoRA adapters are not supported .static FP8", id="lora"),
 ])
 def test_options_that_would_change_a_static_checkpoint_are_refused(exports, kwargs, message):
     with pytest.raises(ConfigError, match=message):

@@ -9,8 +9,9 @@ import pytest
 from cosmos3 import load_transformer
 from cosmos3.checkpoint.fp8_export import PUBLISHED_STEP_POLICY, export_fp8, main
 from cosmos3.diffusers_model import DiffusersVelocity, load_diffusers_transformer
+from cosmos3.ops import FP8_MAX
 from cosmos3.pipeline import Cosmos3Pipeline, RenderRequest
-from cosmos3.quant.fp8_static import FP8_MAX, StaticFP8LinearMethod
+from cosmos3.quant.fp8_static import StaticFP8LinearMethod
 from cosmos3.quant.unquantized import UnquantizedLinearMethod
 from cosmos3.rules.config import Cosmos3Config
 from tests.tiny_checkpoint import make_tiny_checkpoint

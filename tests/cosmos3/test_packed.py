@@ -17,8 +17,8 @@ from cosmos3 import load_transformer
 from cosmos3.layers import packed as packed_module
 from cosmos3.layers.linear import Linear
 from cosmos3.layers.packed import PACKED_MAX_TOKENS, PackedProjections
+from cosmos3.ops import FP8
 from cosmos3.quant import STATIC_FP8, UNQUANTIZED
-from cosmos3.quant.fp8_static import FP8
 
 TOY_FP8 = Path(__file__).resolve().parents[2] / "checkpoints" / "toy" / "fp8"
 

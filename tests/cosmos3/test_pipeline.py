@@ -194,6 +194,38 @@ def test_same_seed_gives_identical_frames_and_another_seed_differs(pipe):
     assert np.abs(first.astype(int) - other.astype(int)).mean() > 1.0
 
 
+class RecordingSink:
+    """A ``FrameSink`` that keeps what it is given."""
+
+    def __init__(self):
+        self.started, self.chunks = None, []
+
+    def start(self, shape, fps, sound, sampling_rate):
+        assert not self.chunks, "start comes before the first chunk"
+        self.started = (shape, fps, sound, sampling_rate)
+
+    def write(self, frames):
+        self.chunks.append(frames)
+
+
+def test_a_frame_sink_gets_the_frames_chunk_by_chunk_as_views_of_the_output(pipe, monkeypatch):
+    whole = pipe(job("t2v", seed=7)).frames  # [9, 32, 48, 3]
+    real = WanVAE.decode_chunks
+
+    def in_time(vae, latents):  # the CPU's decoder gives one chunk; fastvae's on CUDA one latent frame a chunk
+        (video,) = real(vae, latents)  # [3, 9, H, W]
+        yield from video.split([1, 4, 4], dim=1)
+
+    monkeypatch.setattr(WanVAE, "decode_chunks", in_time)
+    sink = RecordingSink()
+    out = pipe(job("t2v", seed=7), frames=sink)
+    assert sink.started == ((9, 32, 48, 3), out.fps, None, None)
+    assert [len(chunk) for chunk in sink.chunks] == [1, 4, 4]
+    np.testing.assert_array_equal(np.concatenate(sink.chunks), whole)
+    np.testing.assert_array_equal(out.frames, whole)
+    assert all(np.shares_memory(chunk, out.frames) for chunk in sink.chunks)  # the clip is held once
+
+
 # -- conditioning ---------------------------------------------------------------------------------
 
 
@@ -318,7 +350,7 @@ def test_static_fp8_checkpoint_picks_each_steps_precision_before_both_passes(fp8
     forward = fp8_pipe.model.forward
 
     def record(*args, **kwargs):
-        methods.append(gen_linear.quant_method)
+        methods.append(gen_linear.method)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(fp8_pipe.model, "forward", record)

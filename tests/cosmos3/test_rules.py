@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import cosmos3.rules
+from cosmos3.rules import values
 
 ROOT = Path(__file__).resolve().parents[2]
 # What a head node may lack; None in sys.modules makes an import of it raise ImportError.
@@ -36,3 +39,15 @@ def test_the_check_sees_a_torch_import(tmp_path):
     code = "import sys\nsys.modules['torch'] = None\nimport uses_torch\n"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode != 0 and "torch" in done.stderr
+
+
+@pytest.mark.parametrize("value, is_int_, is_number_", [
+    (3, True, True), (True, False, False), (2.5, False, True), (float("nan"), False, False),
+    (float("inf"), False, False), (10**400, True, True), ("3", False, False), (None, False, False),
+])
+def test_a_bool_is_no_number_and_nan_is_none(value, is_int_, is_number_):
+    assert (values.is_int(value), values.is_number(value)) == (is_int_, is_number_)
+
+
+def test_yaml_off_reads_false_as_off_and_nothing_else():
+    assert [values.yaml_off(v) for v in (False, "off", 0, None, "seacache")] == ["off", "off", 0, None, "seacache"]

@@ -236,13 +236,14 @@ def test_und_tower_is_not_step_gated(ckpts):
 
 def test_dequantized_weights_are_what_w8a16_would_dequantize_per_call(ckpts):
     _, fp8 = ckpts
-    layer = load_transformer(fp8, dtype=torch.bfloat16).layers[0].mlp_moe_gen
+    model = load_transformer(fp8, dtype=torch.bfloat16)
+    layer = model.layers[0].mlp_moe_gen
     linears = [layer.up_proj, layer.down_proj]
-    for linear in linears:
-        linear.quant_method = W8A16
+    model.step_precision.a16 = True  # a W8A16 step: the GEN linears compute with W8A16
+    assert all(linear.method is W8A16 for linear in linears)
     xs = [torch.randn(5, linear.in_features).bfloat16() for linear in linears]
     per_call = [linear(x) for linear, x in zip(linears, xs, strict=True)]
-    held = w8a16.DequantizedWeights(linears, torch.bfloat16)
+    held = w8a16.DequantizedWeights(model.step_precision, linears, torch.bfloat16)
     assert all(linear.dequantized.dtype == torch.bfloat16 for linear in linears)
     assert held.nbytes(linears, torch.bfloat16) == sum(linear.weight.numel() * 2 for linear in linears)
     for linear, x, expected in zip(linears, xs, per_call, strict=True):

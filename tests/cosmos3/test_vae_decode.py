@@ -1,5 +1,6 @@
 """The VAE decode on CUDA: fastvae's, as ``WanVAE.decode`` calls it, against diffusers' on the same latents (a
-Wan 2.2 VAE's encoding of a synthetic video; random weights)."""
+Wan 2.2 VAE's encoding of a synthetic video; random weights), and ``WanVAE``'s chunks against fastvae's own
+whole decode."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from cosmos3.media import to_uint8_frames
-from cosmos3.vae import DECODE_CHUNK_FRAMES
+from cosmos3.rules.config import VAEConfig
+from cosmos3.vae import DECODE_CHUNK_FRAMES, WanVAE
 from testbed.wan_vae import WAN22_VAE, synthetic_video
 from toy import measure
 
@@ -28,3 +30,21 @@ def test_fastvae_decodes_the_frames_diffusers_decodes():
     ours = to_uint8_frames(fastvae.FastVAEDecoder.from_vae(vae).decode(z, chunk_frames=DECODE_CHUNK_FRAMES)[0])
     assert ours.shape == reference.shape
     assert measure.psnr(ours, reference) >= MIN_PSNR
+
+
+@torch.no_grad()
+def test_the_decodes_chunks_are_fastvaes_whole_decode_cut_in_time():
+    pytest.importorskip("fastvae")
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        vae = AutoencoderKLWan(**WAN22_VAE).to(torch.bfloat16).eval()
+    config = VAEConfig(z_dim=48, spatial_factor=16, temporal_factor=4, latents_mean=tuple(WAN22_VAE["latents_mean"]),
+                       latents_std=tuple(WAN22_VAE["latents_std"]))
+    latents = torch.randn(48, 5, 16, 16, device="cuda")  # normalised, as the sampler leaves them
+    wan = WanVAE(vae, config).to(torch.device("cuda"))  # its decoder is fastvae's
+    whole = wan._fast.decode((latents.to(wan.dtype) / wan.inv_std + wan.mean)[None], chunk_frames=DECODE_CHUNK_FRAMES)
+    chunks = list(wan.decode_chunks(latents))
+    assert [c.shape[1] for c in chunks] == [1, 4, 4, 4, 4]  # the first latent frame alone, then 4 pixel frames each
+    assert torch.equal(to_uint8_frames(torch.cat(chunks, dim=1)), to_uint8_frames(whole[0]))

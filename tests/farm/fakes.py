@@ -14,6 +14,7 @@ VAE's background build failed, in every job after `ready()` (`vae_fails_on_gpu_z
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ class ScriptedRenderer(FakeRenderer):
         super().__init__(rules, seconds_per_step)
         self.markers = markers
 
-    def __call__(self, request: RenderRequest, callback):
+    def __call__(self, request: RenderRequest, callback, frames=None):
         words = request.prompt.split()
         once = f"{request.prompt}-{request.seed}".replace(" ", "_").replace("/", "_")
         if "fail" in words or ("fail-on-gpu-0" in words and _on_gpu_zero()):
@@ -54,7 +55,7 @@ class ScriptedRenderer(FakeRenderer):
             gate = Path(words[words.index("wait-for") + 1])
             while not gate.exists():  # the test opens the gate; a killed worker never sees it
                 time.sleep(0.05)
-        return super().__call__(request, callback)
+        return super().__call__(request, callback, frames)
 
 
 def scripted(model, gpu: bool, *, markers: str, seconds_per_step: float = 0.01) -> ScriptedRenderer:
@@ -73,7 +74,7 @@ class VAELessRenderer(FakeRenderer):
         super().__init__(rules, seconds_per_step)
         self.vae = Path(checkpoint) / "vae"
 
-    def __call__(self, request: RenderRequest, callback):
+    def __call__(self, request: RenderRequest, callback, frames=None):
         raise VAELoadError(f"{self.vae}: the VAE did not build: CheckpointError: {self.vae}/"
                            "diffusion_pytorch_model.safetensors: does not match vae/config.json (scripted)")
 
@@ -86,11 +87,11 @@ class SoundlessRenderer(FakeRenderer):
         super().__init__(rules, seconds_per_step)
         self.folder = Path(checkpoint) / "sound_tokenizer"
 
-    def __call__(self, request: RenderRequest, callback):
+    def __call__(self, request: RenderRequest, callback, frames=None):
         if resolve(request, self.rules).sound_frames is not None:
             raise SoundTokenizerLoadError(f"{self.folder}: the sound tokenizer did not build: CheckpointError: "
                                           f"{self.folder}: cannot load the sound tokenizer (scripted)")
-        return super().__call__(request, callback)
+        return super().__call__(request, callback, frames)
 
 
 def _on_gpu_zero() -> bool:
@@ -143,15 +144,15 @@ def truncating_once(model, gpu: bool, *, markers: str, seconds_per_step: float =
     """Each job's first encode ends truncated, as when ffmpeg fails writing the trailer and says nothing."""
     from worker import encode
 
-    real = encode._encode_h264
+    real = encode._read_back_mp4
 
-    def encode_h264(frames, fps, path, audio, preset):
-        real(frames, fps, path, audio, preset)
-        # fake.paint gives each seed its own colour: one marker per job of a sweep
-        if _first_time(markers, f"truncate-{frames[0, 0, 0].tolist()}"):
+    def read_back(path, shape):
+        # fake.paint gives each seed its own colour, so its own file: one marker per job of a sweep
+        if _first_time(markers, f"truncate-{hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"):
             os.truncate(path, path.stat().st_size // 2)
+        real(path, shape)
 
-    encode._encode_h264 = encode_h264
+    encode._read_back_mp4 = read_back
     return FakeRenderer(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step)
 
 
@@ -163,13 +164,13 @@ class _MarksSeedOne(FakeRenderer):
         super().__init__(rules, seconds_per_step)
         self.markers, self.hold = Path(markers), hold
 
-    def __call__(self, request: RenderRequest, callback):
+    def __call__(self, request: RenderRequest, callback, frames=None):
         if request.seed == 1 and _first_time(str(self.markers), "render-s1") and self.hold:
             _wait_for_file(self.markers / "publish-s0")
             if self.hold == "crash":
                 os._exit(1)
             time.sleep(3600)
-        return super().__call__(request, callback)
+        return super().__call__(request, callback, frames)
 
 
 def _wait_for_file(path: Path, seconds: float = 60.0) -> bool:

@@ -89,6 +89,7 @@ MODELS = [
     pytest.param(True, {"precision": "bf16"}, id="bf16-on-static-fp8(bad)"),
     pytest.param(True, {"parallel": {"tp_size": 1, "cfg_size": 1}}, id="static-fp8-unsharded"),
     pytest.param(True, {"parallel": {"tp_size": 2, "cp_size": 0}}, id="static-fp8-sharded(bad)"),
+    pytest.param(False, {"parallel": {"tp_size": 2}}, id="bf16-sharded(bad)"),
     pytest.param(False, {"parallel": {"pp_size": 1}}, id="unknown-axis(bad)"),
     pytest.param(False, {"step_precision": "sometimes"}, id="step-precision-word(bad)"),
     pytest.param(False, {"step_precision": {"first": 2, "last": 2}}, id="step-override-on-bf16(bad)"),
@@ -190,10 +191,6 @@ def test_a_model_section_is_refused_exactly_when_cosmos3s_loader_refuses_it(tmp_
     make_checkpoint(folder / "ckpt", static_fp8=static_fp8)
     config = Cosmos3Config.from_dict(json.loads((folder / "ckpt" / "transformer" / "config.json").read_text()))
     found = load_options.problems(config, LoadOptions(**model))
-    # The farm's own rule on top: one GPU per worker, whatever the checkpoint.
-    farm_only = [f"model -> parallel -> {axis}: the farm runs one GPU per worker; parallel.{axis}={size} is not "
-                 "supported (set it to 1)" for axis, size in model.get("parallel", {}).items()
-                 if size != 1 and f"parallel.{axis}" not in {field for field, _ in found}]
-    expected = {f"model -> {' -> '.join(field.split('.'))}: {message}" for field, message in found} | set(farm_only)
+    expected = {f"model -> {' -> '.join(field.split('.'))}: {message}" for field, message in found}
     assert set(_load(folder, {}, model)) == expected
     assert bool(expected) is _refused(request)

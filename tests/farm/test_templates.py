@@ -22,7 +22,9 @@ REFUSED = [
     ("{id!r}", "{id!r}: format specs and conversions are not supported"),
     ("/tmp/{id}", "'/tmp/{id}' leaves output.root"),
     ("a/../../{id}", "'a/../../{id}' leaves output.root"),
-    (".farm/x/{id}", "'.farm/x/{id}' writes into .farm/, the farm's own records"),
+    (".farm/x/{id}", "'.farm/x/{id}' writes into a folder named .farm/, the farm's own records"),
+    ("{task}/.farm/{id}", "'{task}/.farm/{id}' writes into a folder named .farm/, the farm's own records (a folder "
+                          "holding one is an output root)"),
     ("{name}/", "'{name}/' names a folder, not a file"),
     ("{id}_{", "'{id}_{' is not a template: "),
     ("{id}}", "'{id}}' is not a template: Single '}' encountered"),
@@ -71,6 +73,16 @@ def test_plain_fields_render_every_job_inside_the_root(tmp_path):
     path = write_manifest(tmp_path, JOBS, output={"path": "{task}/{width}x{height}/{id}-{steps}_s{seed}"})
     media = sorted(Path(job.media).relative_to(tmp_path / "out").as_posix() for job in manifest.load(path).jobs)
     assert media == ["t2v/32x32/a-1_s0.mp4", "t2v/32x32/b-2_s3.mp4", "t2v/32x32/b-2_s7.mp4"]
+
+
+def test_a_path_only_some_jobs_render_into_records_below_the_root_is_refused_for_those_jobs(tmp_path, capsys):
+    """`.{id}` is `.farm` for the job `farm`: its file would make `t2v/` an output root whose records hold a PNG, and
+    every manifest meeting `t2v/` (this one too) would be refused from then on."""
+    jobs = [{"id": "farm", "prompt": "x"}, {"id": "n", "prompt": "y"}]
+    path = write_manifest(tmp_path, jobs, output={"path": "{task}/.{id}/{seed}"})
+    err = _errors(path, capsys)
+    assert err[0] == "error: 1 error in test.yaml"
+    assert ": jobs[0] (id=farm): output path: " in err[1] and f"inside {tmp_path / 'out' / 't2v' / '.farm'}, " in err[1]
 
 
 def test_the_same_check_runs_at_publish(tmp_path):

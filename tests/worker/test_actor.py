@@ -7,6 +7,7 @@ import gc
 import hashlib
 import json
 import os
+import tempfile
 import weakref
 from pathlib import Path
 
@@ -17,10 +18,10 @@ import structlog.testing
 from cosmos3.rules.load_options import LoadOptions
 from cosmos3.rules.request import RequestRules
 from farm import manifest, storage
-from farm.errors import WorkerStartError
+from farm.errors import InputChanged, WorkerStartError
 from tests.farm import fakes
-from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_manifest
-from worker import fake, gpu
+from tests.farm.helpers import local_cluster, output_files, render_and_publish, write_image, write_manifest
+from worker import encode, fake, gpu
 from worker.actor import RenderWorker, StepProgress, cosmos3_factory
 
 TOY_FP8 = Path(__file__).resolve().parents[2] / "checkpoints" / "toy" / "fp8"
@@ -70,7 +71,8 @@ def test_the_loader_is_the_workers_guard_against_sharded_static_fp8(cluster, tmp
     sharded = dataclasses.replace(m.model, options=LoadOptions(parallel={"tp_size": 1, "cfg_size": 2}))
     worker = ray.remote(RenderWorker).options(num_gpus=1, max_restarts=0).remote(sharded, cosmos3_factory, ORIGIN, 0)
     with pytest.raises(ray.exceptions.ActorDiedError,
-                       match=r"parallel.cfg_size: static FP8 runs one GPU per worker; got parallel.cfg_size=2"):
+                       match=r"parallel.cfg_size: cosmos3 runs a model on one GPU .no parallel axis is built.; got "
+                             r"parallel.cfg_size=2"):
         ray.get(worker.ready.remote())
 
 
@@ -157,11 +159,11 @@ class _VAEBuiltAfterReady(fake.FakeRenderer):
     def warm_up(self):
         self.warm = True
 
-    def __call__(self, request, callback):
+    def __call__(self, request, callback, frames=None):
         if not self.warm:
             raise RuntimeError("rendered before its warm-up")
         self.load_timings = {"total": 1.0, "vae": 2.5}
-        return super().__call__(request, callback)
+        return super().__call__(request, callback, frames)
 
 
 def _renderer_with_a_background_vae(model, gpu: bool) -> _VAEBuiltAfterReady:
@@ -202,9 +204,9 @@ def test_a_render_starts_on_a_collected_and_frozen_heap(cluster, tmp_path):
     seen = {}
 
     class Probe(fake.FakeRenderer):
-        def __call__(self, request, callback):
+        def __call__(self, request, callback, frames=None):
             seen.update(frozen=gc.get_freeze_count(), garbage_left=garbage() is not None)
-            return super().__call__(request, callback)
+            return super().__call__(request, callback, frames)
 
     m = _manifest(tmp_path)
     Path(m.output_root).mkdir(exist_ok=True)
@@ -223,3 +225,54 @@ def test_a_render_starts_on_a_collected_and_frozen_heap(cluster, tmp_path):
         gc.unfreeze()
         gc.enable()
     assert not seen["garbage_left"] and seen["frozen"] > frozen_before
+
+
+@pytest.mark.parametrize("when", ["before the render", "while it renders"])
+def test_a_render_from_an_input_other_than_the_one_its_config_hash_took_is_refused(tmp_path, when):
+    """An i2v job's image changed after farm submit hashed it into the job's config hash: a render made from it
+    would be published, and counted done, under that hash (and again once the file is put back)."""
+    image = write_image(tmp_path / "inputs" / "frame.png")
+    m = manifest.load(write_manifest(tmp_path, [{"id": "i", "task": "i2v", "prompt": "x", "image": str(image)}]))
+    Path(m.output_root).mkdir(exist_ok=True)
+
+    def changed() -> None:
+        image.write_bytes(image.read_bytes() + b"another file")
+
+    class Swapping(fake.FakeRenderer):
+        def __call__(self, request, callback, frames=None):
+            changed()
+            return super().__call__(request, callback, frames)
+
+    renderer = Swapping if when == "while it renders" else fake.FakeRenderer
+    worker = RenderWorker(m.model, lambda model, gpu: renderer(RequestRules.from_checkpoint(model.checkpoint), 0.0),
+                          {**ORIGIN, "root": m.output_root}, 0)
+    if when == "before the render":
+        changed()
+    with pytest.raises(InputChanged, match=f"{image} is not the file farm submit hashed into job i's config hash"):
+        worker.render(m.jobs[0], 1)
+    assert not Path(m.jobs[0].media).exists()
+
+
+class _FailsMidDecode(fake.FakeRenderer):
+    """Hands its clip's first chunk to the encode, then fails, as a decode that runs out of memory half-way."""
+
+    def __call__(self, request, callback, frames=None):
+        out = super().__call__(request, callback)
+        frames.start(out.frames.shape, out.fps, None, None)
+        frames.write(out.frames[:1])
+        raise RuntimeError("the decode failed half-way")
+
+
+def _fails_mid_decode(model, gpu: bool) -> _FailsMidDecode:
+    return _FailsMidDecode(RequestRules.from_checkpoint(model.checkpoint), seconds_per_step=0.0)
+
+
+def test_a_clip_whose_decode_fails_mid_stream_stops_its_encode_and_publishes_nothing(cluster, tmp_path):
+    m = _manifest(tmp_path)
+    worker = _worker(m, _fails_mid_decode)
+    pid = ray.get(worker.ready.remote())["pid"]
+    with pytest.raises(ray.exceptions.RayTaskError, match="the decode failed half-way"):
+        ray.get(worker.render.remote(m.jobs[0], 1))
+    scratch = list(Path(tempfile.gettempdir()).glob(f"{encode._scratch_prefix()}{pid}-*"))  # the worker's encodes
+    ray.kill(worker)
+    assert scratch == [] and output_files(Path(m.output_root)) == []

@@ -200,3 +200,57 @@ def test_a_rate_aac_cannot_carry_is_refused_rather_than_resampled(tmp_path):
     with pytest.raises(ValueError, match=r"400 Hz cannot be an AAC track without resampling"):
         encode.write_mp4(_frames(5, 16, 16), 24.0, tmp_path / "x.mp4", _tone(100.0, 0.2, rate=400))
     assert not (tmp_path / "x.mp4").exists()
+
+
+# -- a clip encoded while it is decoded ----------------------------------------------------------------
+
+def _whole_clip_mp4(frames: np.ndarray, fps: float, sound: encode.Soundtrack | None, folder: Path) -> bytes:
+    """The MP4 of ffmpeg fed the whole clip in one write, with the writer's own arguments (the reference)."""
+    _, height, width, _ = frames.shape
+    audio = None
+    if sound is not None:
+        audio = folder / "sound.wav"
+        encode._encode_wav(sound, audio, codec="pcm_f32le")
+    path = folder / "whole.mp4"
+    arguments = encode._h264_arguments(width, height, fps, audio, encode.MP4_PRESET)
+    subprocess.run(encode._ffmpeg_command(arguments, path), input=frames.tobytes(), check=True, capture_output=True)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("with_sound", [False, True], ids=["silent", "sound"])
+def test_a_clip_fed_in_decode_chunks_is_byte_for_byte_the_clip_fed_whole(tmp_path, with_sound):
+    frames = np.random.default_rng(0).integers(0, 256, size=(13, 32, 48, 3), dtype=np.uint8)
+    sound = _tone(440.0, 13 / 24.0) if with_sound else None
+    with encode.Mp4Stream() as stream:
+        stream.start(frames.shape, 24.0, *((sound.waveform, sound.sampling_rate) if sound else (None, None)))
+        for chunk in (frames[:1], frames[1:5], frames[5:9], frames[9:]):  # the VAE's: one frame, then 4 each
+            stream.write(chunk)
+        stream.finish(tmp_path / "chunked.mp4")
+    whole = _whole_clip_mp4(frames, 24.0, sound, tmp_path)
+    assert (tmp_path / "chunked.mp4").read_bytes() == whole
+    streamed = tmp_path / "write_mp4.mp4"
+    encode.write_mp4(frames, 24.0, streamed, sound)
+    assert streamed.read_bytes() == whole
+
+
+def _ours() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob(f"{encode._scratch_prefix()}{os.getpid()}-*"))
+
+
+def test_a_stream_closed_before_its_end_stops_ffmpeg_and_leaves_no_scratch(tmp_path):
+    before = _ours()
+    stream = encode.Mp4Stream()
+    stream.start((9, 16, 16, 3), 24.0)
+    stream.write(_frames(1, 16, 16))  # then the decode fails
+    process = stream._process
+    stream.close()
+    assert process.poll() is not None and _ours() == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_frames_of_another_size_than_started_are_refused_by_the_read_back(tmp_path):
+    with encode.Mp4Stream() as stream:
+        stream.start((9, 16, 16, 3), 24.0)
+        stream.write(_frames(5, 16, 16))
+        with pytest.raises(encode.EncodeError, match="reads back as 5 frames of 16x16; 9 frames of 16x16 were"):
+            stream.finish(tmp_path / "short.mp4")

@@ -62,22 +62,21 @@ def test_ffmpeg_exiting_non_zero_fails_the_encode(tmp_path, root, monkeypatch):
 
 
 def test_a_truncated_mp4_that_ffmpeg_called_a_success_is_not_published(tmp_path, root, monkeypatch):
-    real = encode._encode_h264
+    real = encode._read_back_mp4
 
-    def truncated(frames, fps, path, audio, preset):
-        real(frames, fps, path, audio, preset)
+    def truncated(path, shape):
         os.truncate(path, path.stat().st_size // 2)  # what "Error writing trailer" leaves
+        real(path, shape)
 
-    monkeypatch.setattr(encode, "_encode_h264", truncated)
+    monkeypatch.setattr(encode, "_read_back_mp4", truncated)
     with pytest.raises(encode.EncodeError, match="does not read back as a video"):
         _publish_mp4(tmp_path)
     assert _left(root) == []
 
 
 def test_an_mp4_short_of_frames_is_not_published(tmp_path, root, monkeypatch):
-    real = encode._encode_h264
-    monkeypatch.setattr(encode, "_encode_h264",
-                        lambda frames, fps, path, audio, preset: real(frames[:-1], fps, path, audio, preset))
+    real = encode.Mp4Stream.write
+    monkeypatch.setattr(encode.Mp4Stream, "write", lambda stream, frames: real(stream, frames[:-1]))
     with pytest.raises(encode.EncodeError, match="reads back as 8 frames of 48x32; 9 frames of 48x32 were rendered"):
         _publish_mp4(tmp_path)
     assert _left(root) == []
@@ -136,4 +135,19 @@ def test_a_nearly_full_disk_is_reported_in_numbers_that_are_not_rounded_to_zero(
     with pytest.raises(StorageFault, match=r"^ENOSPC: publishing the PNG needs about \d+ bytes in .*out, "
                                            r"which has 0 bytes free$"):
         storage.publish(root / "still.png", lambda out: encode.write_png(FRAMES[:1], out), root=root)
+    assert _left(root) == []
+
+
+def test_ffmpeg_dying_mid_stream_fails_the_finish_and_publishes_nothing(tmp_path, root, monkeypatch):
+    _ffmpeg_script(tmp_path, monkeypatch, "head -c 100 >/dev/null\necho 'Broken at frame 0' >&2\nexit 1")
+
+    def streamed(out):
+        with encode.Mp4Stream() as stream:
+            stream.start(FRAMES.shape, 24.0)
+            for frame in FRAMES:  # chunks keep coming after ffmpeg has gone
+                stream.write(frame[None])
+            stream.finish(out)
+
+    with pytest.raises(encode.EncodeError, match="ffmpeg exited with status 1 writing .*: Broken at frame 0"):
+        storage.publish(root / "clip.mp4", streamed, root=root)
     assert _left(root) == []
