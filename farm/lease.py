@@ -32,7 +32,7 @@ from pathlib import Path
 from cosmos3.rules import json_text
 from farm import records, storage
 from farm.errors import FarmError, StorageFault
-from farm.processes import pid_alive
+from farm.processes import identity, is_running
 
 REFRESH = 5.0  # seconds between touches of a held lease
 STALE = 60.0  # seconds of the reader's monotonic clock a lease elsewhere may go untouched before its owner is dead
@@ -49,16 +49,19 @@ class Owner:
     run: str
     manifest: str  # path of the manifest the run renders
     started: float  # time.time() when the lease was taken, for people to read
+    process: str = ""  # farm.processes.identity of the driver: its pid, reused later, is no longer it ("" unknown)
 
     @classmethod
     def this_process(cls, run: str, manifest: str) -> Owner:
-        return cls(socket.gethostname(), os.getpid(), run, manifest, time.time())
+        return cls(socket.gethostname(), os.getpid(), run, manifest, time.time(), identity(os.getpid()))
 
     @classmethod
     def parse(cls, text: str) -> Owner:
         """# Raises: ValueError saying what is wrong with the text."""
         data = json_text.loads(text)
-        kinds = {"host": str, "pid": int, "run": str, "manifest": str, "started": (int, float)}
+        kinds = {"host": str, "pid": int, "run": str, "manifest": str, "started": (int, float), "process": str}
+        if isinstance(data, dict):
+            data.setdefault("process", "")  # a lease written before drivers named their process: the pid alone
         if not isinstance(data, dict) or set(data) != set(kinds):
             raise ValueError(f"expected the keys {', '.join(kinds)}")
         wrong = [key for key, kind in kinds.items() if not isinstance(data[key], kind) or isinstance(data[key], bool)]
@@ -142,7 +145,7 @@ def holder(path: Path) -> Owner | None:
     if seen is None or seen.owner is None:
         return None
     if seen.owner.host == socket.gethostname():
-        return seen.owner if pid_alive(seen.owner.pid) else None
+        return seen.owner if is_running(seen.owner.pid, seen.owner.process) else None
     return seen.owner if time.time() - seen.mtime <= STALE else None
 
 
@@ -167,7 +170,7 @@ class Watch:
             self.first = self.first or seen.beat
         owner = seen.owner
         if owner is not None and owner.host == socket.gethostname():
-            return Verdict.ALIVE if pid_alive(owner.pid) else Verdict.DEAD
+            return Verdict.ALIVE if is_running(owner.pid, owner.process) else Verdict.DEAD
         if now - self.since > STALE:
             return Verdict.DEAD
         return Verdict.ALIVE if owner is not None and seen.beat != self.first else Verdict.UNKNOWN

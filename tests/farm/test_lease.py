@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from farm import cli, lease
+from farm import cli, lease, processes
 from tests.farm.helpers import write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +66,23 @@ def test_the_lease_of_a_dead_driver_on_this_host_is_taken_over_at_once(path):
     assert lease.holder(path) is None
     held = lease.acquire(path, _owner("next"))
     assert lease.read(path).run == "next" and lease.holder(path) == held.owner
+
+
+def test_the_lease_of_a_dead_driver_whose_pid_another_process_took_is_taken_over_at_once(path):
+    """A driver SIGKILLed (or its container restarted, which numbers processes from 1 again) whose pid a later
+    process took: that process is another one, told apart by its start after the host's boot."""
+    with subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE) as other:
+        try:
+            killed = _owner("killed", pid=other.pid, process=processes.identity(other.pid).rsplit(":", 1)[0] + ":1")
+            lease.acquire(path, killed)  # never released; its pid now names `other`, started later
+            assert lease.holder(path) is None
+            held = lease.acquire(path, _owner("next"))
+            assert lease.read(path).run == "next" and lease.holder(path) == held.owner
+            held.release()
+            lease.acquire(path, _owner("alive", pid=other.pid, process=processes.identity(other.pid)))
+            assert lease.holder(path).run == "alive"  # the same process: alive
+        finally:
+            other.communicate(b"")
 
 
 def test_a_lease_from_another_host_is_taken_over_once_untouched_for_stale_seconds_of_the_readers_clock(
