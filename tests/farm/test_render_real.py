@@ -89,7 +89,8 @@ def _assert_cpu_figures(record: dict, job, read_bytes: int) -> None:
                             "media_encode", "publish"}
     assert (timings["vae_encode"] is None) is (job.request.task in ("t2v", "t2i"))
     assert all(timings[k] > 0 for k in ("tokenize", "und", "vae_decode", "media_encode", "publish"))
-    assert timings["publish"] > timings["media_encode"]
+    if job.request.task == "t2i":  # a still's PNG is encoded inside its publish; a clip's MP4 beside its decode
+        assert timings["publish"] > timings["media_encode"]
     assert timings["total"] >= sum(timings["steps"]) + timings["vae_decode"] + timings["und"]
     stages = ("vae_encode", "und", "steps", "vae_decode")
     assert record["memory"] == {"resident_bytes": None, "peak_allocated_bytes": None, "peak_reserved_bytes": None,

@@ -224,7 +224,7 @@ def test_a_driver_frozen_past_the_lease_rule_keeps_its_manifest_on_the_cluster(a
     try:
         records = _records(root)
         # The storage lease alone would give the manifest away: its holder's liveness says dead.
-        monkeypatch.setattr(lease, "pid_alive", lambda pid: False)
+        monkeypatch.setattr(lease, "is_running", lambda pid, known_as: False)
         assert lease.Watch().judge(lease.look(lease_path)) is lease.Verdict.DEAD
         with pytest.raises(lease.LeaseHeld) as refused:  # (not refused: no GPU is free for it, it ends in 30 s)
             driver.submit(manifest.load(path), driver.SubmitOptions(factory=fake.factory, progress=False,
