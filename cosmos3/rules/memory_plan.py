@@ -6,9 +6,9 @@
 
 A job's peak is the resident model plus the larger of its two phases, which never overlap: the denoising steps'
 activations (and the step cache's residuals), then the VAE decode, tiled where the untiled one does not fit. The
-activation model is fitted on the Nano clip measured on an H200 (``benchmarks/results/h200-step-cache.md``: 20.67 GiB
-allocated in the uncached clip's steps, 22.03 GiB cached) and scales with each term's own width, so it carries to
-Super's shape; ``benchmarks/bench_memory.py`` prints the estimate beside the measured peak for both shapes.
+activation model is fitted on the Nano clip uncached on an H200 (``benchmarks/results/h200-step-cache.md``: 20.67 GiB
+allocated in its steps) and on the cached Nano and Super clips on an H100 (``h100-render.md``, ``h100-super.md``); it
+scales with each term's own width, so one fit serves both shapes; ``benchmarks/bench_memory.py`` prints the estimate beside the measured peak for both shapes.
 ``farm plan`` shows each job's estimate, the driver refuses a job no GPU of the cluster holds, and a worker refuses a
 GPU too small for its manifest's largest job before it loads anything (docs/farm.md, "GPU memory").
 """
@@ -40,8 +40,12 @@ MLP_BYTES = 7
 # attention's output, the step's latents and velocities): what the Nano clip's 4.00 GiB of step activations at
 # 44,160 tokens leaves after MLP_BYTES (20.67 GiB peak - 15.36 GiB weights - 1.31 GiB VAE in BF16).
 HIDDEN_BYTES = 2.75
-# The step cache keeps four [tokens, hidden] BF16 residuals (two per CFG branch): +1.36 GiB in Nano's cached clip.
-CACHE_RESIDUALS = 4
+# What a cached clip's steps hold beyond an uncached one's, in [tokens, hidden] BF16 tensors: the step cache's four
+# residuals (two per CFG branch), the stack input a computed pass keeps for its residual, a record's newest residual
+# before the oldest is dropped, and the cached step's own temporaries. Fitted on the cached clips through the farm on
+# the H100 (benchmarks/results/h100-render.md, h100-super.md: 7.85 GiB above the model for Nano, 12.37 for Super,
+# i.e. 10.7 and 10.1 such tensors beyond the uncached activations), rounded up.
+CACHE_TENSORS = 11
 # An untiled Wan 2.2 decode of 189 frames at 1280x720 peaked 22.4 GiB above the resident model in fp32 and 11.1 GiB
 # in bf16 on the H200 (benchmarks/results/h200-render.md): ~138 and ~68 bytes per output pixel; per byte of the
 # VAE's dtype, rounded up.
@@ -132,7 +136,7 @@ def plan_job(model: ModelMemory, *, width: int, height: int, frames: int, text_t
     steps = tokens * (MLP_BYTES * model.intermediate + HIDDEN_BYTES * model.hidden)
     steps += text_tokens * model.layers * 2 * model.kv_width * 2  # the UND K/V caches in BF16
     if cached:
-        steps += CACHE_RESIDUALS * tokens * model.hidden * 2
+        steps += CACHE_TENSORS * tokens * model.hidden * 2
     pixels = width * height
     untiled = frames * pixels * UNTILED_DECODE_BYTES_PER_PIXEL_PER_ELEMENT_BYTE * VAE_BYTES
     output = frames * pixels * 3 * VAE_BYTES

@@ -54,7 +54,7 @@ def test_submit_refuses_a_job_no_gpu_holds_before_anything_starts(tmp_path, caps
     err = capsys.readouterr().err
     assert code == 1
     assert "1 job(s) need more GPU memory than --gpu-memory 5 has (5.0 GiB)" in err
-    assert "  big: needs 6.0 GiB (2.0 GiB peak: steps 2.0, tiled decode" in err
+    assert "  big: needs 6.6 GiB (2.6 GiB peak: steps 2.6, tiled decode" in err
     assert not (tmp_path / "out" / ".farm").exists()  # no lease, no records, no cluster
 
 
