@@ -34,6 +34,10 @@ JOBS = {
     # A short clip for the forced re-renders (33 frames, 10 steps: ~1/5 of the clip's tokens, a third of its steps).
     "t2v-short": {"id": "t2v-short", "task": "t2v", "size": [1280, 720], "frames": 33, "steps": 10, "guidance": 6.0,
                   "priority": 4},
+    # A clip on the clip's own path at a quarter of its cost, for the forced re-renders: 22,080 tokens a pass (eager
+    # passes, FP8 attention past 16,384), the step policy's edge steps, the step cache, the chunked decode, the MP4.
+    "t2v-half": {"id": "t2v-half", "task": "t2v", "size": [1280, 720], "frames": 93, "steps": 20, "guidance": 6.0,
+                 "priority": 4},
     # The distilled builds' jobs: their steps and guidance are the checkpoint's (a manifest naming them is refused).
     "t2i-4step": {"id": "t2i-4step", "task": "t2i", "size": [1024, 1024], "priority": 10},
     "i2v-4step": {"id": "i2v-4step", "task": "i2v", "image": "inputs/frame.png", "size": [1280, 720], "frames": 189},

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Cosmos3-Super (static FP8, random weights, the published layouts) on one H200 through `farm submit`.
+# Cosmos3-Super (static FP8, random weights, the published layouts) on one GPU through `farm submit`: an H200 holds
+# every run; an 80 GB H100 holds them too (benchmarks/results/h100-super.md).
 #
-#   benchmarks/super_h200.sh OUT [STEP ...]      default steps: write clip distilled report (~14 min)
+#   benchmarks/super_one_gpu.sh OUT [STEP ...]      default steps: write clip distilled report (~14 min)
 #
-# Each step fits one device call (< 9 minutes on an H200); run them in this order on one machine. A step whose
+# Each step fits one device call (< 10 minutes; `uncached` alone takes ~9.5); run them in this order on one machine. A step whose
 # checkpoint is gone (a fresh machine) writes it first (~3-4 min more). The clip step's sidecars hold each job's
 # measured peak memory and the report prints `farm plan`'s estimate of the same manifest beside it; `memory` and
 # `nano` add the steps' and the decode's peaks apart, for Super and for Nano.
@@ -16,19 +17,19 @@
 #              step cache; worker start with the page cache warm (tmpfs), read rate (bench_read and the worker's
 #              own), host peak RSS (~8 min). The host's 64 GiB disk cannot hold the checkpoint: there is no cold read
 #              from a local disk to report
-#   distilled  farm submit on the 4-step builds: T2I 1024^2 and I2V 720p/189 frames (~4 min)
+#   distilled  farm submit on the 4-step builds: T2I 1024^2 and I2V 720p/189 frames (~3 min)
+#   t2i        farm submit on the Super-Text2Image build (no step policy): two T2I 1024^2/50-step stills (~1 min)
 #   nano       the Nano checkpoint (16.5 GB) in /dev/shm/nano and the same memory measurement on it (~4 min)
-#   rerender   two stills and a short clip (33 frames, 10 steps), then twice more with --force, a fresh worker each:
-#              byte-identical media (~6 min)
-#   uncached   the clip without the step cache (~10 min: more than one call holds; run it alone, with the longest
-#              time limit, or skip it: the clip step's per-step medians give its projection)
-#   report     the tables (benchmarks.bench_render report, benchmarks.bench_memory report) into OUT/super-h200.md
+#   rerender   two stills and a short clip (33 frames, 10 steps), default step cache, then three times more with
+#              --force, a fresh worker each: byte-identical media (~4 min)
+#   uncached   the clip without the step cache (~9.5 min: run it alone, in a call of its own)
+#   report     the tables (benchmarks.bench_render report, benchmarks.bench_memory report) into OUT/super.md
 #
 # The device has no Ray, diffusers, structlog or imageio-ffmpeg of its own: their wheels (and their pure-Python
 # needs) are carried in .whl/ and installed here, as for the Nano runs (benchmarks/results/h200-render.md).
 set -euo pipefail
 
-OUT=${1:?usage: benchmarks/super_h200.sh OUT [write|clip|distilled|memory|nano|rerender|uncached|report ...]}
+OUT=${1:?usage: benchmarks/super_one_gpu.sh OUT [write|clip|distilled|t2i|memory|nano|rerender|uncached|report ...]}
 shift
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(write clip distilled report)
@@ -91,10 +92,16 @@ distilled() {
         --out "$OUT"
 }
 
+t2i() {
+    ensure_written
+    "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant super-t2i --attention fp8 --jobs t2i,t2i-seed2 \
+        --out "$OUT"
+}
+
 rerender() {
     ensure_written
     "$PY" -m benchmarks.bench_render farm --root "$ROOT" --variant fp8 --attention fp8 \
-        --jobs t2i,t2i-seed2,t2v-short --cache off --rerenders 2 --out "$OUT/rerender"
+        --jobs t2i,t2i-seed2,t2v-short --rerenders 3 --out "$OUT/rerender"
 }
 
 uncached() {
@@ -105,7 +112,7 @@ uncached() {
 
 report() {
     {
-        echo "# Cosmos3-Super on one H200 ($(date -u +%F), $(git rev-parse --short HEAD 2>/dev/null || echo tree))"
+        echo "# Cosmos3-Super on one $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) ($(date -u +%F), $(git rev-parse --short HEAD 2>/dev/null || echo tree))"
         echo
         "$PY" -m benchmarks.bench_render report "$OUT"/farm-*.json || true
         echo
@@ -123,7 +130,7 @@ report() {
             [ -f "$result" ] && "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); \
 print('re-renders byte-identical:', r['rerenders']['identical'])" "$result"
         done
-    } | tee "$OUT/super-h200.md"
+    } | tee "$OUT/super.md"
 }
 
 for step in "${STEPS[@]}"; do
