@@ -8,9 +8,10 @@ A job's peak is the resident model plus the larger of its two phases, which neve
 activations (and the step cache's residuals), then the VAE decode, tiled where the untiled one does not fit. The
 activation model is fitted on the Nano clip uncached on an H200 (``benchmarks/results/h200-step-cache.md``: 20.67 GiB
 allocated in its steps) and on the cached Nano and Super clips on an H100 (``h100-render.md``, ``h100-super.md``); it
-scales with each term's own width, so one fit serves both shapes; ``benchmarks/bench_memory.py`` prints the estimate beside the measured peak for both shapes.
-``farm plan`` shows each job's estimate, the driver refuses a job no GPU of the cluster holds, and a worker refuses a
-GPU too small for its manifest's largest job before it loads anything (docs/farm.md, "GPU memory").
+scales with each term's own width, so one fit serves both shapes; ``benchmarks/bench_memory.py`` prints the
+estimate beside the measured peak for both. ``farm plan`` shows each job's estimate, the driver refuses a job no GPU
+of the cluster holds, and a worker refuses a GPU too small for its manifest's largest job before it loads anything
+(docs/farm.md, "GPU memory").
 """
 
 from __future__ import annotations
