@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from cosmos3.errors import ConfigError
 from cosmos3.ops import FP8, FP8_MAX, quantize_fp8
 from cosmos3.quant.step_precision import StepPrecision
-from cosmos3.rules.attention_choice import check_attention
+from cosmos3.rules.attention_choice import FP8_CHOICES, check_attention, fp8_on_step
 
 log = structlog.get_logger(__name__)
 
@@ -424,11 +424,12 @@ _BF16_KERNELS = {"sdpa": None, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-f
 
 
 class AttentionKernels:
-    """The kernels of one model, shared by its layers: BF16 always, FP8 for GEN when ``choice == "fp8"``.
+    """The kernels of one model, shared by its layers: BF16 always, FP8 for GEN when ``choice`` is one of
+    ``FP8_CHOICES``.
 
-    ``step_precision`` is the model's (``cosmos3.quant.step_precision``; ``precise`` reads it): the W8A16 edge
-    steps run BF16 attention too, and so does a GEN pass shorter than the FP8 kernel's
-    ``min_queries`` (where FP8 would be slower). UND attention is always BF16: it runs once per
+    ``step_precision`` is the model's (``cosmos3.quant.step_precision``; ``precise`` reads it): under ``fp8`` the
+    W8A16 edge steps run BF16 attention too (``fp8-all-steps`` keeps FP8 there), and so does a GEN pass shorter
+    than the FP8 kernel's ``min_queries`` (where FP8 would be slower). UND attention is always BF16: it runs once per
     prompt (its K/V are cached for every step, so its error would reach all of them) and is about
     1% of one GEN step.
     """
@@ -450,7 +451,7 @@ class AttentionKernels:
         and a kernel library's JIT compilation is part of the load, not of a job."""
         device = torch.device(device)
         self._kernel(device, fp8=False)
-        if self.choice == "fp8":
+        if self.choice in FP8_CHOICES:
             self._kernel(device, fp8=True)
 
     def gen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
@@ -478,7 +479,7 @@ class AttentionKernels:
 
     @property
     def fp8_active(self) -> bool:
-        return self.choice == "fp8" and not self.precise
+        return fp8_on_step(self.choice, self.precise)
 
     def gen_kernel(self, device: torch.device | str, queries: int) -> str:
         """The name of the kernel a GEN pass of ``queries`` tokens on ``device`` runs now."""
@@ -494,7 +495,7 @@ class AttentionKernels:
     def describe(self, device: torch.device | str) -> dict:
         device = torch.device(device)
         info = {"choice": self.choice, "bf16_kernel": self._kernel(device, fp8=False).name}
-        if self.choice == "fp8":
+        if self.choice in FP8_CHOICES:
             info["fp8_kernel"] = self._kernel(device, fp8=True).name
         if self._passed_over:
             info["passed_over"] = dict(self._passed_over)

@@ -68,7 +68,7 @@ def test_every_choice_is_accepted(value):
 
 @pytest.mark.parametrize("value", ["FP8", "fp16", "int8", "", None, 8, ["fp8"]])
 def test_bad_choice_is_refused_with_the_field_named(value):
-    with pytest.raises(ConfigError, match=r"model\.attention: must be one of auto, bf16, fp8, got"):
+    with pytest.raises(ConfigError, match=r"model\.attention: must be one of auto, bf16, fp8, fp8-all-steps, got"):
         check_attention(value, "model.attention")
 
 
@@ -163,6 +163,14 @@ def test_precise_steps_run_bf16_attention():
     assert kernels.gen_kernel("cpu", 64) == "sdpa"
     bf16 = AttentionKernels("bf16")
     assert bf16.gen_kernel("cpu", 64) == "sdpa" and "fp8_kernel" not in bf16.describe("cpu")
+
+
+def test_fp8_all_steps_keeps_fp8_attention_on_precise_steps():
+    kernels = AttentionKernels("fp8-all-steps")
+    for precise in (False, True, False):
+        kernels.precise = precise
+        assert kernels.gen_kernel("cpu", 64) == "fp8-reference"
+    assert kernels.describe("cpu")["fp8_kernel"] == "fp8-reference"
 
 
 def test_short_gen_passes_run_bf16_attention(monkeypatch):
@@ -363,7 +371,7 @@ def _velocity(model, step=None):
 def test_load_transformer_refuses_a_bad_attention_choice_by_name(ckpts):
     from cosmos3 import load_transformer
 
-    with pytest.raises(ConfigError, match=r"attention: must be one of auto, bf16, fp8, got 'int8'"):
+    with pytest.raises(ConfigError, match=r"attention: must be one of auto, bf16, fp8, fp8-all-steps, got 'int8'"):
         load_transformer(ckpts[0], attention="int8")
 
 
