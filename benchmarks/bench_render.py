@@ -598,21 +598,53 @@ def cache_table(runs: list[dict]) -> list[str]:
     """The clip (``t2v``) of an uncached farm run (``--cache off``) beside the same variant's cached runs, with the
     uncached / cached ratio of the times that caching shortens."""
     off = next((r for r in runs if r.get("cache") == "off" and "t2v" in r["sidecars"]), None)
-    cached = [r for r in runs if r.get("cache") != "off" and "t2v" in r["sidecars"]]
+    cached = [r for r in runs if r.get("cache") != "off" and "t2v" in r["sidecars"]
+              and r["attention"] == (off or {}).get("attention")]
     if off is None or not cached:
         return []
-    columns = [_clip_figures(off["sidecars"]["t2v"])] + [_clip_figures(r["sidecars"]["t2v"]) for r in cached]
     names = ["uncached (`--cache off`)"] + [f"`--cache {r['cache']}`" if r.get("cache") else "the default cache"
                                            for r in cached]
-    lines = [f"### The clip through the farm, uncached and cached ({off['variant']}, attention {off['attention']})", "",
-             "| figure | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    return _side_by_side(f"### The clip through the farm, uncached and cached ({off['variant']}, attention "
+                         f"{off['attention']})", names, [off, *cached], "uncached / cached")
+
+
+def attention_table(runs: list[dict]) -> list[str]:
+    """The clip of cached farm runs that differ in their attention choice, ``--attention fp8`` first, with its time
+    over each other's."""
+    clips = sorted((r for r in runs if r.get("cache") != "off" and "t2v" in r["sidecars"]),
+                   key=lambda r: (r["attention"] != "fp8", r["attention"]))
+    if len({r["attention"] for r in clips}) < 2:
+        return []
+    names = [f"`--attention {r['attention']}`" for r in clips]
+    return _side_by_side(f"### The clip through the farm by attention choice ({clips[0]['variant']})", names, clips,
+                         f"{names[0]} / this")
+
+
+def _side_by_side(title: str, names: list[str], runs: list[dict], ratio: str) -> list[str]:
+    """Each run's clip figures in a column under ``names``, then the first run's time over each other's."""
+    columns = [_clip_figures(r["sidecars"]["t2v"]) for r in runs]
+    lines = [title, "", "| figure | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for row in columns[0]:
         cells = [c[row] if isinstance(c[row], str) else
                  (_gib(c[row]) if row.endswith("GiB") else _s(c[row], 3 if "step" in row else 2)) for c in columns]
         lines.append(f"| {row} | " + " | ".join(cells) + " |")
     for row in RATIO_ROWS:
         ratios = [f"{columns[0][row] / c[row]:.2f}x" for c in columns[1:]]
-        lines.append(f"| uncached / cached, {row.removesuffix(' s')} | | " + " | ".join(ratios) + " |")
+        lines.append(f"| {ratio}, {row.removesuffix(' s')} | | " + " | ".join(ratios) + " |")
+    return lines + [""]
+
+
+def rerender_table(farm: dict) -> list[str]:
+    """``--rerenders N``: whether each job's media came out byte-identical from every render."""
+    rerenders = farm.get("rerenders")
+    if not rerenders:
+        return []
+    renders = rerenders["sha256"]
+    lines = [f"### Forced re-renders: the first render and {len(renders) - 1} more with `--force`, a fresh worker each",
+             "",
+             "| job | media sha256 (first render) | byte-identical in all |", "|---|---|---|"]
+    for job, same in rerenders["identical"].items():
+        lines.append(f"| {job} | {(renders[0][job] or 'not published')[:16]} | {'yes' if same else 'NO'} |")
     return lines + [""]
 
 
@@ -627,26 +659,34 @@ def read_results(paths: list[str]) -> list[dict]:
     return results
 
 
+def _first(runs: list[dict], **wanted) -> dict | None:
+    """The first of ``runs`` whose fields have the ``wanted`` values (an absent field is None), or None."""
+    return next((r for r in runs if all(r.get(k) == v for k, v in wanted.items())), None)
+
+
 def do_report(args) -> None:
     results = read_results(args.results)
     by_kind = {}
-    for r in results:  # a farm run is one per variant and cache setting
-        by_kind.setdefault((r["kind"], r.get("variant"), r.get("cache")), r)
-    fp8 = [r for (kind, variant, _), r in by_kind.items() if (kind, variant) == ("farm", "fp8")]
-    farm = by_kind.get(("farm", "fp8", None)) or next(iter(fp8), None)  # the targets are the default cache's
-    diffusers = by_kind.get(("diffusers", None, None))
-    bf16 = by_kind.get(("farm", "bf16", None))
+    for r in results:  # a farm run is one per variant, cache setting and attention choice
+        by_kind.setdefault((r["kind"], r.get("variant"), r.get("cache"), r.get("attention")), r)
+    runs = list(by_kind.values())
+    fp8 = [r for r in runs if (r["kind"], r.get("variant")) == ("farm", "fp8")]
+    # the targets are the default cache's, at the attention the README's rows run where there is a choice
+    farm = _first(fp8, cache=None, attention="fp8") or _first(fp8, cache=None) or next(iter(fp8), None)
+    diffusers = _first(runs, kind="diffusers")
+    bf16 = _first(runs, kind="farm", variant="bf16", cache=None)
     lines = [f"Machine: {results[0]['machine']}", ""]
     order = ("write", "farm", "diffusers", "direct")
     for key in sorted(by_kind, key=lambda k: (order.index(k[0]), k[1] != "fp8", str(k[1]), k[2] is not None,
-                                              str(k[2]))):
+                                              str(k[2]), k[3] != "fp8", str(k[3]))):
         r = by_kind[key]
         if r["kind"] == "write":
             lines += ["### Checkpoint written", "", "```", json.dumps(r["variants"], indent=1), "```", ""]
         elif r["kind"] == "farm":
             waited, compiled = r.get("waited_for_idle_gpu"), r.get("bytecode_compile_seconds")
             uncached = sorted({p for s in r["sidecars"].values() for p in s["worker"].get("uncached_bytecode", [])})
-            lines += [f"`{r['command']}` ({r['variant']}, cache {r.get('cache') or 'the default'}): exit {r['exit']}, "
+            lines += [f"`{r['command']}` ({r['variant']}, attention {r.get('attention')}, cache "
+                      f"{r.get('cache') or 'the default'}): exit {r['exit']}, "
                       f"{r['seconds']:.1f} s, page cache {r['page_cache']}"
                       + ("" if waited is None else f", {waited:.1f} s waited for the GPU to be idle first")
                       + ("" if compiled is None else f", bytecode compiled first ({compiled:.1f} s)")
@@ -654,7 +694,7 @@ def do_report(args) -> None:
             for job, record in r["sidecars"].items():
                 if not job.startswith(STREAM_PREFIX):
                     lines += job_table(job, record)
-            lines += clips_back_to_back(r) + stream_tables(r)
+            lines += clips_back_to_back(r) + stream_tables(r) + rerender_table(r)
         elif r["kind"] == "direct":
             lines += direct_tables(r)
         else:
@@ -666,7 +706,7 @@ def do_report(args) -> None:
                       f"| load s | {r['load_seconds']:.1f} |",
                       f"| resident / peak allocated / peak reserved GiB | {_gib(r['resident_bytes'])} / "
                       f"{_gib(r['peak_allocated_bytes'])} / {_gib(r['peak_reserved_bytes'])} |", ""]
-    lines += cache_table(fp8)
+    lines += cache_table(fp8) + attention_table(fp8)
     if farm:
         lines += targets(farm, diffusers, bf16)
     print("\n".join(lines))

@@ -45,7 +45,7 @@ class LoadOptions:
     precision: Precision = "auto"
     step_precision: Any = "auto"  # "auto" (the checkpoint's policy), "off", or {first, last[, reasoner]}
     parallel: dict[str, int] | None = None  # every axis 1: a model runs on one GPU (ONE_GPU)
-    attention: str = "auto"  # cosmos3.rules.attention_choice: auto | bf16 | fp8 | fp8-all-steps (device checked at load)
+    attention: str = "auto"  # ATTENTION_CHOICES (cosmos3.rules.attention_choice); the device is checked at load
     fp8_accumulation: str = "fast"  # FP8_ACCUMULATIONS; FP8 GEMMs only (a BF16 run has none)
     cache: Any = DEFAULT_CACHE  # the step cache: off | seacache | {method: seacache, ...} (cosmos3.rules.cache_options)
 

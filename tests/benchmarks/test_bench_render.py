@@ -81,8 +81,8 @@ def _clip_sidecar(cached: list[int], started: float, publish: float) -> dict:
     }
 
 
-def _farm(cache: str | None, sidecar: dict) -> dict:
-    return {"kind": "farm", "machine": MACHINE, "variant": "fp8", "attention": "fp8", "cache": cache,
+def _farm(cache: str | None, sidecar: dict, attention: str = "fp8") -> dict:
+    return {"kind": "farm", "machine": MACHINE, "variant": "fp8", "attention": attention, "cache": cache,
             "command": "python -m farm submit manifest.yaml --no-progress", "exit": 0, "seconds": 200.0,
             "page_cache": "kept", "sidecars": {"t2v": sidecar}}
 
@@ -128,3 +128,46 @@ def test_report_counts_two_clips_back_to_back_an_hour(tmp_path):
     span = second["finished"] - 1000.0  # the second rendered while the first published
     assert (f"| first clip started to last one published | {span:.1f} s: {7200 / span:.1f} clips an hour on one "
             "GPU |") in report.stdout.splitlines()
+
+
+def _report(folder: Path) -> list[str]:
+    report = subprocess.run(f"{sys.executable} -m benchmarks.bench_render report {folder}/*.json", shell=True,
+                            cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    return report.stdout.splitlines()
+
+
+def test_report_sets_clips_of_two_attention_choices_side_by_side(tmp_path):
+    """Runs that differ only in ``--attention`` both stay in the report, ``fp8`` first, its time over the other's."""
+    cached = [4, 5, 7, 8]
+    fp8 = _clip_sidecar(cached, 1000.0, 0.6)
+    edges_fp8 = _clip_sidecar(cached, 2000.0, 0.6)
+    for i in EDGES:
+        edges_fp8["timings"]["steps"][i] = 4.6
+    edges_fp8["timings"]["total"] -= 6 * 0.8
+    edges_fp8["finished"] -= 6 * 0.8
+    _write(tmp_path / "all" / "farm-fp8.json", _farm(None, edges_fp8, "fp8-all-steps"))
+    _write(tmp_path / "fp8" / "farm-fp8.json", _farm(None, fp8))
+
+    lines = _report(tmp_path / "*")
+
+    assert sum(line.startswith("`python -m farm submit") for line in lines) == 2
+    assert "| figure | `--attention fp8` | `--attention fp8-all-steps` |" in lines
+    assert "| W8A16 edge step, median s | 5.400 | 4.600 |" in lines
+    steps = sum(fp8["timings"]["steps"])
+    assert f"| denoising s | {steps:.2f} | {steps - 4.8:.2f} |" in lines
+    published = fp8["finished"] - fp8["started"]
+    assert (f"| `--attention fp8` / this, job, render start to published | | {published / (published - 4.8):.2f}x |"
+            in lines)
+
+
+def test_report_says_whether_forced_rerenders_were_byte_identical(tmp_path):
+    first, other = {"t2i": "a" * 64, "t2v-half": "b" * 64}, {"t2i": "a" * 64, "t2v-half": "c" * 64}
+    _write(tmp_path / "farm-fp8.json", {**_farm(None, _clip_sidecar([], 1000.0, 0.6)), "rerenders": {
+        "sha256": [first, first, other], "identical": {"t2i": True, "t2v-half": False}}})
+
+    lines = _report(tmp_path)
+
+    assert "### Forced re-renders: the first render and 2 more with `--force`, a fresh worker each" in lines
+    assert "| t2i | aaaaaaaaaaaaaaaa | yes |" in lines
+    assert "| t2v-half | bbbbbbbbbbbbbbbb | NO |" in lines
