@@ -161,6 +161,19 @@ def run_tag(variant: str, cache: str | None) -> str:
     return variant if cache is None else f"{variant}-cache-{cache}"
 
 
+def _other_attention(result: Path, attention: str) -> str | None:
+    """Why a farm run must not write ``result``: it holds a run of another attention choice (the file name carries
+    the variant and cache, not the attention), or None."""
+    try:
+        held = json.loads(result.read_text()).get("attention")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if held is None or held == attention:
+        return None
+    return (f"{result} holds a farm run with --attention {held}; this one (--attention {attention}) would replace it: "
+            "give it another --out")
+
+
 def _collect(folder: Path, out: Path, tag: str, stop: threading.Event) -> None:
     """Copies each sidecar of the workload's jobs to ``out`` as soon as it is published: a run cut short still reports
     its jobs (a stream's stills are many: they are in the run's JSON only)."""
@@ -750,10 +763,12 @@ def main() -> None:
         parser.error(f"--stills {args.stills} needs --prompts of at least 1 (got {args.prompts})")
     if args.command == "report":
         return do_report(args)
-    result = KINDS[args.command](args)
     out = getattr(args, "out", None) or args.root
-    out.mkdir(parents=True, exist_ok=True)
     name = f"{args.command}-{run_tag(args.variant, args.cache) if args.command == 'farm' else 'all'}.json"
+    if args.command == "farm" and (problem := _other_attention(out / name, args.attention)):
+        parser.error(problem)
+    result = KINDS[args.command](args)
+    out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out / name}")
 

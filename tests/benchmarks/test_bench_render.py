@@ -171,3 +171,18 @@ def test_report_says_whether_forced_rerenders_were_byte_identical(tmp_path):
     assert "### Forced re-renders: the first render and 2 more with `--force`, a fresh worker each" in lines
     assert "| t2i | aaaaaaaaaaaaaaaa | yes |" in lines
     assert "| t2v-half | bbbbbbbbbbbbbbbb | NO |" in lines
+
+
+def test_a_farm_run_never_replaces_a_result_of_another_attention_choice(tmp_path):
+    """The result's name carries the variant and cache only: a run of another --attention into the same --out is
+    refused before it starts, and the result already there is kept."""
+    held = _farm(None, _clip_sidecar([], 1000.0, 0.6))
+    _write(tmp_path / "out" / "farm-fp8.json", held)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.bench_render", "farm", "--root", str(tmp_path / "nano"),
+                          "--attention", "fp8-all-steps", "--jobs", "t2v", "--out", str(tmp_path / "out")],
+                         cwd=ROOT, text=True, capture_output=True, timeout=120)
+    assert run.returncode == 2
+    assert "farm-fp8.json holds a farm run with --attention fp8; this one (--attention fp8-all-steps) would " \
+           "replace it: give it another --out" in run.stderr
+    assert json.loads((tmp_path / "out" / "farm-fp8.json").read_text()) == held
+    assert not (tmp_path / "nano").exists()  # nothing was written for the run
