@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.bench_step_cache import render, sound_columns, summary
-from cosmos3.pipeline import Cosmos3Pipeline
+from benchmarks.bench_step_cache import commit, demo_pipeline, render, sound_columns, summary
 from farm import manifest
 from toy import measure, scenes
 
@@ -37,8 +35,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     demo = manifest.load(args.manifest)
-    options = {k: v for k, v in vars(demo.model.options).items() if k not in ("cache", "attention")}
-    pipe = Cosmos3Pipeline.from_pretrained(demo.model.checkpoint, device="cpu", attention="bf16", **options)
+    pipe = demo_pipeline(demo, attention="bf16")
     start = time.perf_counter()
     renders = {}
     for choice in ("bf16", *CHOICES):
@@ -46,9 +43,8 @@ def main() -> None:
         renders[choice] = {job.key: render(pipe, "off", job.request) for job in demo.jobs}
     seconds = time.perf_counter() - start
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     print(f"# FP8 attention on the W8A16 steps, on the toy ({demo.model.checkpoint}): {len(demo.jobs)} demo jobs, "
-          f"cache off, commit {commit.strip()}, {platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s")
+          f"cache off, commit {commit()}, {platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s")
     print(f"step policy: {pipe.model.step_policy_info()}\n")
     print("| job | task | " + " | ".join(f"{c}: PSNR (dB) | {c}: prompt | {c}: sound SNR (dB) | {c}: pitch"
                                          for c in CHOICES) + " |")

@@ -622,10 +622,11 @@ def cache_table(runs: list[dict]) -> list[str]:
 
 
 def attention_table(runs: list[dict]) -> list[str]:
-    """The clip of cached farm runs that differ in their attention choice, ``--attention fp8`` first, with its time
-    over each other's."""
+    """The clip of cached farm runs that differ in their attention choice (at the first one's cache setting),
+    ``--attention fp8`` first, with its time over each other's."""
     clips = sorted((r for r in runs if r.get("cache") != "off" and "t2v" in r["sidecars"]),
                    key=lambda r: (r["attention"] != "fp8", r["attention"]))
+    clips = [r for r in clips if r.get("cache") == clips[0].get("cache")] if clips else []
     if len({r["attention"] for r in clips}) < 2:
         return []
     names = [f"`--attention {r['attention']}`" for r in clips]

@@ -52,6 +52,19 @@ def render(pipe: Cosmos3Pipeline, cache, request: RenderRequest) -> Render:
                   out.info["steps"])
 
 
+def demo_pipeline(demo, **overrides) -> Cosmos3Pipeline:
+    """The toy's pipeline on the CPU as ``demo``'s ``model:`` loads it, ``overrides`` on top; no step cache set here:
+    ``render`` sets one per render."""
+    options = {k: v for k, v in vars(demo.model.options).items() if k != "cache"}
+    return Cosmos3Pipeline.from_pretrained(demo.model.checkpoint, device="cpu", **{**options, **overrides})
+
+
+def commit() -> str:
+    """The short hash of this tree's HEAD, for a result's heading."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=REPO).stdout.strip()
+
+
 def run(jobs, pipe: Cosmos3Pipeline, thresholds: list[float]) -> tuple[dict, dict]:
     """Uncached and per-threshold renders of every job: ``{key: Render}`` and ``{threshold: {key: Render}}``."""
     uncached = {job.key: render(pipe, "off", job.request) for job in jobs}
@@ -91,16 +104,14 @@ def main() -> None:
     thresholds = sorted(set(args.thresholds) | {args.default})
 
     demo = manifest.load(args.manifest)
-    options = {k: v for k, v in vars(demo.model.options).items() if k != "cache"}
-    pipe = Cosmos3Pipeline.from_pretrained(demo.model.checkpoint, device="cpu", **options)
+    pipe = demo_pipeline(demo)
     start = time.perf_counter()
     uncached, cached = run(demo.jobs, pipe, thresholds)
     seconds = time.perf_counter() - start
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     base_hits = [measure.matches(scenes.scene_of(j.request.prompt), measure.read(uncached[j.key].frames))
                  for j in demo.jobs]
-    print(f"# step cache on the toy ({demo.model.checkpoint}): {len(demo.jobs)} demo jobs, commit {commit.strip()}, "
+    print(f"# step cache on the toy ({demo.model.checkpoint}): {len(demo.jobs)} demo jobs, commit {commit()}, "
           f"{platform.machine()} CPU, {args.threads} thread(s), {seconds:.0f} s")
     print(f"uncached prompt match: {sum(base_hits) / len(base_hits):.0%}\n")
     print(f"## per render, threshold {args.default} against uncached\n")
