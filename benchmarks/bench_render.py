@@ -208,7 +208,7 @@ def do_farm(args) -> dict:
     rerenders = _rerenders(folder, manifest, jobs, command, args.rerenders) if args.rerenders else None
     sidecars = {}
     for job in jobs:
-        media = folder / "renders" / job["task"] / (job["id"] + (".png" if job["task"] == "t2i" else ".mp4"))
+        media = _media(folder, job)
         sidecar = Path(f"{media}.json")
         if sidecar.is_file():
             sidecars[job["id"]] = json.loads(sidecar.read_text())
@@ -223,11 +223,16 @@ def do_farm(args) -> dict:
             "summary": json.loads(summaries[-1].read_text()) if summaries else None}
 
 
+def _media(folder: Path, job: dict) -> Path:
+    """Where the farm publishes ``job``'s media in the run's ``folder``."""
+    return folder / "renders" / job["task"] / (job["id"] + (".png" if job["task"] == "t2i" else ".mp4"))
+
+
 def _media_sha256(folder: Path, jobs: list[dict]) -> dict[str, str | None]:
     """Each job's published media sha256, as its sidecar records it (None: not published)."""
     found = {}
     for job in jobs:
-        media = folder / "renders" / job["task"] / (job["id"] + (".png" if job["task"] == "t2i" else ".mp4"))
+        media = _media(folder, job)
         sidecar = Path(f"{media}.json")
         found[job["id"]] = json.loads(sidecar.read_text())["media"]["sha256"] if sidecar.is_file() else None
     return found
@@ -235,15 +240,27 @@ def _media_sha256(folder: Path, jobs: list[dict]) -> dict[str, str | None]:
 
 def _rerenders(folder: Path, manifest: Path, jobs: list[dict], command: list[str], times: int) -> dict:
     """The manifest rendered ``times`` more times with ``--force``, each by a fresh worker: every job's media sha256
-    per render, and whether all of them are byte-identical."""
+    per render, each submit's exit status, and whether all of them are byte-identical. A failed submit leaves the
+    earlier render's files in place, so its hashes prove nothing: a job counts identical only if every submit
+    exited 0."""
     renders = [_media_sha256(folder, jobs)]
+    exits = []
     for _ in range(times):
         wait_for_idle_gpu()
-        subprocess.run([*command, "--force"], text=True, capture_output=True)
+        exits.append(subprocess.run([*command, "--force"], text=True, capture_output=True).returncode)
         renders.append(_media_sha256(folder, jobs))
-    identical = {job["id"]: len({r[job["id"]] for r in renders}) == 1 and renders[0][job["id"]] is not None
-                 for job in jobs}
-    return {"sha256": renders, "identical": identical}
+    identical = {job["id"]: not any(exits) and len({r[job["id"]] for r in renders}) == 1
+                 and renders[0][job["id"]] is not None for job in jobs}
+    return {"sha256": renders, "exits": exits, "identical": identical}
+
+
+def failed_submits(result: dict) -> str | None:
+    """What failed in a farm run (its submit or a forced re-render's exit status), or None."""
+    exits = [result["exit"], *(result.get("rerenders") or {}).get("exits", [])]
+    if not any(exits):
+        return None
+    return (f"farm submit exited {exits[0]}" + (f"; the forced re-renders exited {exits[1:]}" if exits[1:] else "")
+            + ": the result is kept for its report; the run's log is above")
 
 
 # -- direct: the pipeline without the farm, for what a farm run cannot isolate -----------------------
@@ -654,8 +671,10 @@ def rerender_table(farm: dict) -> list[str]:
     if not rerenders:
         return []
     renders = rerenders["sha256"]
+    exits = rerenders.get("exits", [])
+    failed = [f"The re-renders' farm submit exited {exits}: a failed one proves nothing.", ""] if any(exits) else []
     lines = [f"### Forced re-renders: the first render and {len(renders) - 1} more with `--force`, a fresh worker each",
-             "",
+             "", *failed,
              "| job | media sha256 (first render) | byte-identical in all |", "|---|---|---|"]
     for job, same in rerenders["identical"].items():
         lines.append(f"| {job} | {(renders[0][job] or 'not published')[:16]} | {'yes' if same else 'NO'} |")
@@ -772,6 +791,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(result, indent=1, default=str))
     print(f"wrote {out / name}")
+    if args.command == "farm" and (failure := failed_submits(result)):
+        raise SystemExit(failure)
 
 
 KINDS = {"write": do_write, "farm": do_farm, "diffusers": do_diffusers, "direct": do_direct}  # a result's "kind"

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 MACHINE = "NVIDIA H200, sm_90, 140 GiB, CUDA 13.0, torch 2.13.0"
 GIB = 1 << 30
@@ -186,3 +188,34 @@ def test_a_farm_run_never_replaces_a_result_of_another_attention_choice(tmp_path
            "replace it: give it another --out" in run.stderr
     assert json.loads((tmp_path / "out" / "farm-fp8.json").read_text()) == held
     assert not (tmp_path / "nano").exists()  # nothing was written for the run
+
+
+def test_a_failed_forced_rerender_never_counts_as_byte_identical(tmp_path, monkeypatch):
+    """A failed ``--force`` submit leaves the first render's files in place: their hashes match, but prove nothing."""
+    from benchmarks import bench_render
+
+    monkeypatch.setattr(bench_render, "wait_for_idle_gpu", lambda: 0.0)
+    job = {"id": "t2i", "task": "t2i"}
+    sidecar = tmp_path / "renders" / "t2i" / "t2i.png.json"
+    _write(sidecar, {"media": {"sha256": "a" * 64}})
+    passing = [sys.executable, "-c", "pass"]
+    failing = [sys.executable, "-c", "raise SystemExit(3)"]
+
+    assert bench_render._rerenders(tmp_path, tmp_path / "m.yaml", [job], passing, 2)["identical"] == {"t2i": True}
+    failed = bench_render._rerenders(tmp_path, tmp_path / "m.yaml", [job], failing, 2)
+    assert failed["exits"] == [3, 3]
+    assert failed["identical"] == {"t2i": False}
+
+
+def test_a_failed_farm_submit_fails_the_benchmark_and_keeps_its_result(tmp_path, monkeypatch):
+    from benchmarks import bench_render
+
+    result = {**_farm(None, _clip_sidecar([], 1000.0, 0.6)), "exit": 1,
+              "rerenders": {"sha256": [], "exits": [0, 2], "identical": {}}}
+    monkeypatch.setitem(bench_render.KINDS, "farm", lambda args: result)
+    monkeypatch.setattr(sys, "argv", ["bench_render", "farm", "--root", str(tmp_path), "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as stop:
+        bench_render.main()
+    assert str(stop.value) == ("farm submit exited 1; the forced re-renders exited [0, 2]: the result is kept for "
+                               "its report; the run's log is above")
+    assert json.loads((tmp_path / "out" / "farm-fp8.json").read_text()) == result
