@@ -80,7 +80,8 @@ def resize_cover_crop(frames: np.ndarray, height: int, width: int) -> torch.Tens
     Aspect-preserving resize so the frame covers the target (bilinear, antialiased), centre crop,
     then rounding to whole uint8 levels, as the published pipeline preprocesses its conditioning.
     """
-    video = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()  # [T, 3, h, w]
+    # numpy's copy to float32 also serves read-only frames (an image read through PIL): torch warns on those
+    video = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.float32)).permute(0, 3, 1, 2)  # [T, 3, h, w]
     src_h, src_w = video.shape[-2:]
     if (src_h, src_w) != (height, width):
         scale = max(height / src_h, width / src_w)

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -486,6 +487,17 @@ def test_resize_cover_crop_scales_to_cover_then_crops():
     out = levels(resize_cover_crop(image[None], 32, 32))
     assert out.shape == (3, 1, 32, 32)
     assert torch.all(out[..., :14] == 90) and torch.all(out[..., 18:] == 0)  # the edge is antialiased
+
+
+def test_resize_cover_crop_reads_read_only_frames_without_a_warning():
+    """An image read through PIL is a read-only array: torch warns of undefined behaviour on such a tensor."""
+    image = rng_pixels((20, 40, 3))
+    frozen = image.copy()
+    frozen.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = resize_cover_crop(frozen[None], 32, 32)
+    torch.testing.assert_close(out, resize_cover_crop(image[None], 32, 32), rtol=0, atol=0)
 
 
 def test_media_paths_and_arrays_load_as_uint8_rgb(tmp_path):
