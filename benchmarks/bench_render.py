@@ -204,8 +204,8 @@ def do_farm(args) -> dict:
     seconds = time.perf_counter() - started
     stop.set()
     collector.join()
-    print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", flush=True)
-    rerenders = _rerenders(folder, manifest, jobs, command, args.rerenders) if args.rerenders else None
+    _print_tail(run)
+    rerenders = _rerenders(folder, jobs, command, args.rerenders) if args.rerenders else None
     sidecars = {}
     for job in jobs:
         media = _media(folder, job)
@@ -238,7 +238,12 @@ def _media_sha256(folder: Path, jobs: list[dict]) -> dict[str, str | None]:
     return found
 
 
-def _rerenders(folder: Path, manifest: Path, jobs: list[dict], command: list[str], times: int) -> dict:
+def _print_tail(run: subprocess.CompletedProcess) -> None:
+    """The end of a farm submit's output and log, where a failed run says why."""
+    print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", flush=True)
+
+
+def _rerenders(folder: Path, jobs: list[dict], command: list[str], times: int) -> dict:
     """The manifest rendered ``times`` more times with ``--force``, each by a fresh worker: every job's media sha256
     per render, each submit's exit status, and whether all of them are byte-identical. A failed submit leaves the
     earlier render's files in place, so its hashes prove nothing: a job counts identical only if every submit
@@ -247,7 +252,10 @@ def _rerenders(folder: Path, manifest: Path, jobs: list[dict], command: list[str
     exits = []
     for _ in range(times):
         wait_for_idle_gpu()
-        exits.append(subprocess.run([*command, "--force"], text=True, capture_output=True).returncode)
+        run = subprocess.run([*command, "--force"], text=True, capture_output=True)
+        if run.returncode:
+            _print_tail(run)
+        exits.append(run.returncode)
         renders.append(_media_sha256(folder, jobs))
     identical = {job["id"]: not any(exits) and len({r[job["id"]] for r in renders}) == 1
                  and renders[0][job["id"]] is not None for job in jobs}

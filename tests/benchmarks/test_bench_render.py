@@ -190,8 +190,9 @@ def test_a_farm_run_never_replaces_a_result_of_another_attention_choice(tmp_path
     assert not (tmp_path / "nano").exists()  # nothing was written for the run
 
 
-def test_a_failed_forced_rerender_never_counts_as_byte_identical(tmp_path, monkeypatch):
-    """A failed ``--force`` submit leaves the first render's files in place: their hashes match, but prove nothing."""
+def test_a_failed_forced_rerender_never_counts_as_byte_identical(tmp_path, monkeypatch, capsys):
+    """A failed ``--force`` submit leaves the first render's files in place: their hashes match, but prove nothing;
+    its output is printed, as the first submit's is."""
     from benchmarks import bench_render
 
     monkeypatch.setattr(bench_render, "wait_for_idle_gpu", lambda: 0.0)
@@ -199,12 +200,13 @@ def test_a_failed_forced_rerender_never_counts_as_byte_identical(tmp_path, monke
     sidecar = tmp_path / "renders" / "t2i" / "t2i.png.json"
     _write(sidecar, {"media": {"sha256": "a" * 64}})
     passing = [sys.executable, "-c", "pass"]
-    failing = [sys.executable, "-c", "raise SystemExit(3)"]
+    failing = [sys.executable, "-c", "raise SystemExit('the worker could not start')"]
 
-    assert bench_render._rerenders(tmp_path, tmp_path / "m.yaml", [job], passing, 2)["identical"] == {"t2i": True}
-    failed = bench_render._rerenders(tmp_path, tmp_path / "m.yaml", [job], failing, 2)
-    assert failed["exits"] == [3, 3]
+    assert bench_render._rerenders(tmp_path, [job], passing, 2)["identical"] == {"t2i": True}
+    failed = bench_render._rerenders(tmp_path, [job], failing, 2)
+    assert failed["exits"] == [1, 1]
     assert failed["identical"] == {"t2i": False}
+    assert capsys.readouterr().out.count("the worker could not start") == 2
 
 
 def test_a_failed_farm_submit_fails_the_benchmark_and_keeps_its_result(tmp_path, monkeypatch):
