@@ -13,7 +13,8 @@ Steps (each fits one device call; run them on one machine, in this order):
 ``farm`` renders the workload's manifest with ``python -m farm submit`` (a fresh worker: its start is the
 warm start, ops built, its big imports byte-compiled as pip leaves them, checkpoint on local disk, page cache
 dropped first with ``--drop-caches``),
-then turns every job's sidecar into a table. ``--cache`` sets the manifest's step cache (``off``, ``seacache``;
+then turns every job's sidecar into a table. Each submit's output goes to ``$OUT/logs/`` as it runs, so a run cut
+short still shows how far it came. ``--cache`` sets the manifest's step cache (``off``, ``seacache``;
 unset: the pipeline's default); with a run of each in one ``OUT``, the report sets the clip's cached and uncached
 figures side by side. ``--stills N`` adds a farm's stream of the workload's stills: N of
 them over ``--prompts`` prompts of varied lengths, each prompt with a few seeds, shuffled, so a prompt length comes
@@ -200,12 +201,13 @@ def do_farm(args) -> dict:
     collector.start()
     started = time.perf_counter()
     command = [sys.executable, "-m", "farm", "submit", str(manifest), "--no-progress"]
-    run = subprocess.run(command, text=True, capture_output=True)
+    log = args.out / "logs" / f"{tag}.log"
+    code = _submit(command, log)
     seconds = time.perf_counter() - started
     stop.set()
     collector.join()
-    _print_tail(run)
-    rerenders = _rerenders(folder, jobs, command, args.rerenders) if args.rerenders else None
+    _print_tail(log)
+    rerenders = _rerenders(folder, jobs, command, args.rerenders, log) if args.rerenders else None
     sidecars = {}
     for job in jobs:
         media = _media(folder, job)
@@ -217,7 +219,7 @@ def do_farm(args) -> dict:
     return {"kind": "farm", "machine": machine(), "variant": args.variant, "attention": args.attention,
             "cache": args.cache,
             "command": " ".join(command),
-            "exit": run.returncode, "seconds": seconds, "page_cache": cache, "waited_for_idle_gpu": waited,
+            "exit": code, "seconds": seconds, "page_cache": cache, "waited_for_idle_gpu": waited,
             "bytecode_compile_seconds": compiled,
             "sidecars": sidecars, "rerenders": rerenders,
             "summary": json.loads(summaries[-1].read_text()) if summaries else None}
@@ -238,24 +240,33 @@ def _media_sha256(folder: Path, jobs: list[dict]) -> dict[str, str | None]:
     return found
 
 
-def _print_tail(run: subprocess.CompletedProcess) -> None:
+def _submit(command: list[str], log: Path) -> int:
+    """One farm submit, its output and log written to ``log`` as they come: a run cut short (a device call's time
+    running out) still leaves its progress there. Returns its exit status."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as sink:
+        return subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT).returncode
+
+
+def _print_tail(log: Path) -> None:
     """The end of a farm submit's output and log, where a failed run says why."""
-    print(run.stdout[-4000:], run.stderr[-4000:], sep="\n", flush=True)
+    print(log.read_text(errors="replace")[-8000:], flush=True)
 
 
-def _rerenders(folder: Path, jobs: list[dict], command: list[str], times: int) -> dict:
+def _rerenders(folder: Path, jobs: list[dict], command: list[str], times: int, log: Path) -> dict:
     """The manifest rendered ``times`` more times with ``--force``, each by a fresh worker: every job's media sha256
     per render, each submit's exit status, and whether all of them are byte-identical. A failed submit leaves the
     earlier render's files in place, so its hashes prove nothing: a job counts identical only if every submit
-    exited 0."""
+    exited 0. Each submit's output goes beside the first one's ``log``, numbered."""
     renders = [_media_sha256(folder, jobs)]
     exits = []
-    for _ in range(times):
+    for number in range(1, times + 1):
         wait_for_idle_gpu()
-        run = subprocess.run([*command, "--force"], text=True, capture_output=True)
-        if run.returncode:
-            _print_tail(run)
-        exits.append(run.returncode)
+        forced = log.with_name(f"{log.stem}-force{number}.log")
+        code = _submit([*command, "--force"], forced)
+        if code:
+            _print_tail(forced)
+        exits.append(code)
         renders.append(_media_sha256(folder, jobs))
     identical = {job["id"]: not any(exits) and len({r[job["id"]] for r in renders}) == 1
                  and renders[0][job["id"]] is not None for job in jobs}

@@ -202,11 +202,14 @@ def test_a_failed_forced_rerender_never_counts_as_byte_identical(tmp_path, monke
     passing = [sys.executable, "-c", "pass"]
     failing = [sys.executable, "-c", "raise SystemExit('the worker could not start')"]
 
-    assert bench_render._rerenders(tmp_path, [job], passing, 2)["identical"] == {"t2i": True}
-    failed = bench_render._rerenders(tmp_path, [job], failing, 2)
+    log = tmp_path / "logs" / "fp8.log"
+    assert bench_render._rerenders(tmp_path, [job], passing, 2, log)["identical"] == {"t2i": True}
+    failed = bench_render._rerenders(tmp_path, [job], failing, 2, log)
     assert failed["exits"] == [1, 1]
     assert failed["identical"] == {"t2i": False}
     assert capsys.readouterr().out.count("the worker could not start") == 2
+    for number in (1, 2):  # each forced submit's output is kept in its own log
+        assert "the worker could not start" in (tmp_path / "logs" / f"fp8-force{number}.log").read_text()
 
 
 def test_a_failed_farm_submit_fails_the_benchmark_and_keeps_its_result(tmp_path, monkeypatch):
@@ -221,3 +224,15 @@ def test_a_failed_farm_submit_fails_the_benchmark_and_keeps_its_result(tmp_path,
     assert str(stop.value) == ("farm submit exited 1; the forced re-renders exited [0, 2]: the result is kept for "
                                "its report; the run's log is above")
     assert json.loads((tmp_path / "out" / "farm-fp8.json").read_text()) == result
+
+
+def test_a_submits_output_is_in_its_log_as_it_runs(tmp_path):
+    """Both streams go straight to the log file, in order (nothing waits in a pipe for the end), and the exit status
+    comes back."""
+    from benchmarks import bench_render
+
+    log = tmp_path / "logs" / "fp8.log"
+    command = [sys.executable, "-c", "import sys; print('step 1', flush=True); "
+               "print('worker died', file=sys.stderr, flush=True); raise SystemExit(3)"]
+    assert bench_render._submit(command, log) == 3
+    assert log.read_text().splitlines() == ["step 1", "worker died"]

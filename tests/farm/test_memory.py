@@ -5,6 +5,7 @@ only where it fits (fake GPUs of two sizes, fake renderers)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,7 +124,10 @@ def test_a_worker_reads_its_gpus_memory_through_nvml_and_refuses_a_need_above_it
     from worker.gpu import check_gpu_memory
 
     pynvml.nvmlInit()
-    total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    total, name = pynvml.nvmlDeviceGetMemoryInfo(handle).total, pynvml.nvmlDeviceGetName(handle)
+    name = name if isinstance(name, str) else name.decode()
     check_gpu_memory("0", PlannedMemory(total, "fits", "all of it"))  # exactly the GPU's memory: accepted
-    with pytest.raises(WorkerConfigError, match=rf"\({total / GIB:.1f} GiB\) cannot hold job big of this manifest"):
+    refusal = rf"this GPU \({re.escape(name)}, {total / GIB:.1f} GiB\) cannot hold job big of this manifest"
+    with pytest.raises(WorkerConfigError, match=refusal):
         check_gpu_memory("0", PlannedMemory(total + 1, "big", "one byte more"))
