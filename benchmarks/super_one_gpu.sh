@@ -4,7 +4,7 @@
 #
 #   benchmarks/super_one_gpu.sh OUT [STEP ...]      default steps: write clip distilled report (~14 min)
 #
-# Each step fits one device call (< 10 minutes; `uncached` alone takes ~9.5); run them in this order on one machine. A step whose
+# Each step takes under 10 minutes but `uncached` (~11 on an H100); run them in this order on one machine. A step whose
 # checkpoint is gone (a fresh machine) writes it first (~3-4 min more). The clip step's sidecars hold each job's
 # measured peak memory and the report prints `farm plan`'s estimate of the same manifest beside it; `memory` and
 # `nano` add the steps' and the decode's peaks apart, for Super and for Nano.
@@ -22,7 +22,8 @@
 #   nano       the Nano checkpoint (16.5 GB) in /dev/shm/nano and the same memory measurement on it (~4 min)
 #   rerender   two stills and a short clip (33 frames, 10 steps), default step cache, then three times more with
 #              --force, a fresh worker each: byte-identical media (~4 min)
-#   uncached   the clip without the step cache (~9.5 min: run it alone, in a call of its own)
+#   uncached   the clip without the step cache (~11 min on an H100, worker start included: 535 s render start to
+#              published, h100-super.md)
 #   report     the tables (benchmarks.bench_render report, benchmarks.bench_memory report) into OUT/super.md
 #
 # The device has no Ray, diffusers, structlog or imageio-ffmpeg of its own: their wheels (and their pure-Python

@@ -10,6 +10,7 @@ Factories that fail a worker's start do it in `__init__` (`bad_gpu_zero`, `no_gp
 VAE's background build failed, in every job after `ready()` (`vae_fails_on_gpu_zero`, `no_vae_loads`);
 `no_sound_tokenizer_loads` fails only the jobs with sound, as a worker whose sound tokenizer did not build.
 `publish_beside_render` holds one seed's publish beside the next seed's render (and can crash or hang them there).
+`every_worker_first` finishes no job before every worker of the run has begun one.
 """
 
 from __future__ import annotations
@@ -171,6 +172,30 @@ class _MarksSeedOne(FakeRenderer):
                 os._exit(1)
             time.sleep(3600)
         return super().__call__(request, callback, frames)
+
+
+class _WaitsForEveryWorker(FakeRenderer):
+    """Its first render marks itself begun and holds until ``workers`` first renders have begun (5 minutes at most),
+    so no job finishes before every worker is ready: a test counts the workers without racing a queue of short jobs
+    (the driver hands a job to every ready worker while jobs are queued)."""
+
+    def __init__(self, rules: RequestRules, markers: str, workers: int, seconds_per_step: float):
+        super().__init__(rules, seconds_per_step)
+        self.markers, self.workers, self.begun = Path(markers), workers, False
+
+    def __call__(self, request: RenderRequest, callback, frames=None):
+        if not self.begun:
+            self.begun = True
+            (self.markers / f"begun-{os.getpid()}").touch()
+            deadline = time.monotonic() + 300
+            while len(list(self.markers.glob("begun-*"))) < self.workers and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return super().__call__(request, callback, frames)
+
+
+def every_worker_first(model, gpu: bool, *, markers: str, workers: int,
+                       seconds_per_step: float = 0.01) -> FakeRenderer:
+    return _WaitsForEveryWorker(RequestRules.from_checkpoint(model.checkpoint), markers, workers, seconds_per_step)
 
 
 def _wait_for_file(path: Path, seconds: float = 60.0) -> bool:
